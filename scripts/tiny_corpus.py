@@ -1,0 +1,176 @@
+"""The synthetic chat corpus the built-in tiny model is pretrained on.
+
+Three kinds of conversation, each a list of chat messages (plus an optional
+`tools` list) to be rendered through the chat template:
+
+- arithmetic: a training-split problem from `temper.data.arithmetic` and its
+  worked solution. A problem that has a carry or borrow gets the careless
+  student's solution (`forget_carry` / `no_borrow`) with probability
+  `mistake_rate`, so the model learns both the right and a wrong procedure.
+- generic: short templated small talk, facts, counting and comparisons.
+- tool: the user asks for a hard product or sum, the assistant calls the
+  `calculator` tool, the tool answers, and the assistant boxes the result.
+
+Everything is drawn from the `random.Random` passed in, so a seed fixes the corpus.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+from temper.data.arithmetic import is_heldout, make_problem, mistake_for, worked_solution
+
+SYSTEM_PROMPTS = (
+    "You are a helpful assistant.",
+    "You are a careful math tutor.",
+    "Answer briefly.",
+)
+
+CALCULATOR_TOOL: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "calculator",
+        "description": "Evaluate an arithmetic expression.",
+        "parameters": {
+            "type": "object",
+            "properties": {"expression": {"type": "string"}},
+            "required": ["expression"],
+        },
+    },
+}
+
+_CAPITALS = {
+    "France": "Paris", "Germany": "Berlin", "Italy": "Rome", "Spain": "Madrid",
+    "Japan": "Tokyo", "Canada": "Ottawa", "Egypt": "Cairo", "Peru": "Lima",
+    "Kenya": "Nairobi", "Norway": "Oslo", "Greece": "Athens", "Chile": "Santiago",
+}  # fmt: skip
+_KINDS = {
+    "color": ("red", "blue", "green", "yellow", "purple", "orange"),
+    "fruit": ("apple", "banana", "cherry", "grape", "mango", "pear"),
+    "animal": ("cat", "dog", "horse", "rabbit", "tiger", "owl"),
+    "planet": ("Mars", "Venus", "Earth", "Jupiter", "Saturn", "Mercury"),
+}
+_GREETINGS = ("Hi!", "Hello.", "Hey there!", "Good morning!", "Hi, who are you?")
+_REPLIES = (
+    "Hello! How can I help you today?",
+    "Hi! I can help with arithmetic and short questions.",
+    "Hello! Ask me anything.",
+)
+_THANKS = ("Thanks!", "Thank you.", "Great, thanks!")
+_WELCOME = ("You're welcome!", "Glad to help.", "Any time!")
+
+
+@dataclass
+class Chat:
+    """One conversation: messages and, for tool chats, the tool schemas."""
+
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    kind: str = "arithmetic"
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+#: Share of each arithmetic level in the corpus (level 1 has only ~80 training problems).
+LEVEL_WEIGHTS: dict[int, float] = {1: 0.1, 2: 0.3, 3: 0.35, 4: 0.25}
+
+
+def arithmetic_chat(rng: random.Random, mistake_rate: float) -> Chat:
+    """A training-split question and a worked answer (careless with `mistake_rate`)."""
+    level = rng.choices(list(LEVEL_WEIGHTS), weights=list(LEVEL_WEIGHTS.values()))[0]
+    problem = make_problem(rng, level)
+    while is_heldout(problem):
+        problem = make_problem(rng, level)
+    mistake = mistake_for(problem)
+    if mistake is not None and rng.random() >= mistake_rate:
+        mistake = None
+    messages = [
+        {"role": "user", "content": problem.prompt},
+        {"role": "assistant", "content": worked_solution(problem, mistake)},
+    ]
+    if rng.random() < 0.05:
+        messages.insert(0, {"role": "system", "content": rng.choice(SYSTEM_PROMPTS)})
+    return Chat(messages, kind="arithmetic", meta={"level": problem.level, "mistake": mistake})
+
+
+def _generic_turn(rng: random.Random) -> tuple[str, str]:
+    kind = rng.randrange(7)
+    if kind == 0:
+        return rng.choice(_GREETINGS), rng.choice(_REPLIES)
+    if kind == 1:
+        country = rng.choice(sorted(_CAPITALS))
+        return (
+            f"What is the capital of {country}?",
+            f"The capital of {country} is {_CAPITALS[country]}.",
+        )
+    if kind == 2:
+        name = rng.choice(sorted(_KINDS))
+        return f"Name a {name}.", f"{rng.choice(_KINDS[name]).capitalize()}."
+    if kind == 3:
+        start = rng.randint(0, 20)
+        stop = start + rng.randint(2, 5)
+        nums = ", ".join(str(i) for i in range(start, stop + 1))
+        return f"Count from {start} to {stop}.", f"{nums}."
+    if kind == 4:
+        a, b = rng.sample(range(100), 2)
+        return f"Which is larger, {a} or {b}?", f"{max(a, b)} is larger."
+    if kind == 5:
+        n = rng.randint(0, 98)
+        return f"What number comes after {n}?", f"{n + 1} comes after {n}."
+    return rng.choice(_THANKS), rng.choice(_WELCOME)
+
+
+def generic_chat(rng: random.Random) -> Chat:
+    """One or two turns of templated small talk."""
+    messages: list[dict[str, Any]] = []
+    if rng.random() < 0.3:
+        messages.append({"role": "system", "content": rng.choice(SYSTEM_PROMPTS)})
+    for _ in range(1 if rng.random() < 0.7 else 2):
+        user, assistant = _generic_turn(rng)
+        messages += [{"role": "user", "content": user}, {"role": "assistant", "content": assistant}]
+    return Chat(messages, kind="generic")
+
+
+def tool_chat(rng: random.Random) -> Chat:
+    """A calculator call: question, `<tool_call>`, tool response, boxed answer."""
+    if rng.random() < 0.5:
+        a, b, op = rng.randint(100, 999), rng.randint(10, 99), "*"
+        value = a * b
+    else:
+        a, b, op = rng.randint(1000, 9999), rng.randint(1000, 9999), "+"
+        value = a + b
+    expression = f"{a}{op}{b}"
+    ask = rng.choice(("What is {a} {op} {b}?", "Use the calculator: what is {a} {op} {b}?"))
+    call = {
+        "type": "function",
+        "function": {"name": "calculator", "arguments": {"expression": expression}},
+    }
+    messages: list[dict[str, Any]] = [
+        {"role": "user", "content": ask.format(a=a, op=op, b=b)},
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": json.dumps({"result": value})},
+        {"role": "assistant", "content": f"The calculator says {value}. \\boxed{{{value}}}"},
+    ]
+    return Chat(messages, tools=[CALCULATOR_TOOL], kind="tool")
+
+
+def build_corpus(
+    n: int,
+    rng: random.Random,
+    mistake_rate: float,
+    generic_share: float = 0.06,
+    tool_share: float = 0.04,
+) -> list[Chat]:
+    """n conversations: mostly arithmetic, plus generic and tool chats."""
+    chats = []
+    for _ in range(n):
+        u = rng.random()
+        if u < tool_share:
+            chats.append(tool_chat(rng))
+        elif u < tool_share + generic_share:
+            chats.append(generic_chat(rng))
+        else:
+            chats.append(arithmetic_chat(rng, mistake_rate))
+    return chats

@@ -1,0 +1,29 @@
+"""RL math as pure tensor functions: advantages, log-probabilities, policy losses, KL."""
+
+from temper.algos.advantages import (
+    AdvantageName,
+    compute_advantages,
+    dr_grpo_advantages,
+    grpo_advantages,
+    reinforce_pp_baseline_advantages,
+    rloo_advantages,
+)
+from temper.algos.kl import KLKind, kl_estimate
+from temper.algos.logprobs import entropy_from_logits, token_logprobs
+from temper.algos.losses import AggregationMode, aggregate_loss, ppo_clip_loss
+
+__all__ = [
+    "AdvantageName",
+    "AggregationMode",
+    "KLKind",
+    "aggregate_loss",
+    "compute_advantages",
+    "dr_grpo_advantages",
+    "entropy_from_logits",
+    "grpo_advantages",
+    "kl_estimate",
+    "ppo_clip_loss",
+    "reinforce_pp_baseline_advantages",
+    "rloo_advantages",
+    "token_logprobs",
+]

@@ -1,0 +1,142 @@
+"""The `temper` command: train, eval, generate, report.
+
+Config overrides are dotted flags (`--trainer.lr=3e-4`, `--run.name demo2`).
+A user error (TemperError) prints one line `temper: error: ...` and exits 2
+with no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+
+from temper.errors import ConfigError, TemperError
+
+
+def split_overrides(extra: list[str]) -> list[str]:
+    """Turn `--a.b=1 --c.d 2` into ["a.b=1", "c.d=2"]."""
+    out: list[str] = []
+    i = 0
+    while i < len(extra):
+        arg = extra[i]
+        if not arg.startswith("--") or "." not in arg.split("=")[0]:
+            raise ConfigError(f"unrecognised argument {arg!r} (overrides look like --section.key=value)")
+        if "=" in arg:
+            out.append(arg[2:])
+            i += 1
+        elif i + 1 < len(extra):
+            out.append(f"{arg[2:]}={extra[i + 1]}")
+            i += 2
+        else:
+            raise ConfigError(f"override {arg} has no value")
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="temper", description="RL post-training for LMs.")
+    sub = p.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("train", help="run RL training (no CONFIG: the built-in default run)")
+    t.add_argument("config", nargs="?", help="TOML config file")
+    e = sub.add_parser("eval", help="evaluate a model or checkpoint on held-out tasks")
+    e.add_argument("config", nargs="?", help="TOML config file")
+    e.add_argument("--checkpoint", help="model or checkpoint directory (overrides model.path)")
+    e.add_argument("--out", help="write the JSON result here")
+    g = sub.add_parser("generate", help="sample completions for a prompt")
+    g.add_argument("prompt", help="user message")
+    g.add_argument("--model", default="tiny", help='model directory or "tiny"')
+    g.add_argument("--n", type=int, default=1)
+    g.add_argument("--temperature", type=float, default=0.0)
+    g.add_argument("--max-new-tokens", type=int, default=64)
+    g.add_argument("--seed", type=int, default=None)
+    r = sub.add_parser("report", help="(re)write report.html and plots for a run directory")
+    r.add_argument("run_dir")
+    return p
+
+
+def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
+    from temper.config import load_config
+    from temper.orchestrator.sync import SyncOrchestrator
+
+    cfg = load_config(args.config, overrides)
+
+    async def go() -> dict:
+        orch = SyncOrchestrator(cfg)
+        try:
+            return await orch.run()
+        finally:
+            await orch.close()
+
+    final = asyncio.run(go())
+    run_path = Path(cfg.run.output_dir) / cfg.run.name
+    print(f"run directory: {run_path}  report: {run_path / 'report.html'}")
+    if final:
+        print(json.dumps({k: v for k, v in final.items() if not isinstance(v, dict)}))
+    return 0
+
+
+def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> int:
+    from temper.config import load_config
+    from temper.eval.report import print_eval_table
+    from temper.eval.run import run_eval
+
+    if args.checkpoint:
+        overrides = [*overrides, f"model.path={json.dumps(args.checkpoint)}"]
+    cfg = load_config(args.config, overrides)
+    result = asyncio.run(run_eval(cfg))
+    print_eval_table(result)
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace, overrides: list[str]) -> int:
+    from temper.eval.run import generate_text
+
+    if overrides:
+        raise ConfigError(f"generate takes no config overrides, got {overrides[0]!r}")
+    texts = asyncio.run(
+        generate_text(
+            args.model, args.prompt, args.n, args.temperature, args.max_new_tokens, args.seed
+        )
+    )
+    for i, text in enumerate(texts):
+        print(f"[{i}] {text}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from temper.monitor.report import write_report
+
+    path = Path(args.run_dir)
+    if not (path / "metrics.jsonl").is_file():
+        raise ConfigError(f"{path} is not a run directory (no metrics.jsonl)")
+    print(write_report(path))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, extra = _parser().parse_known_args(argv)
+    try:
+        overrides = split_overrides(extra)
+        if args.command == "train":
+            return cmd_train(args, overrides)
+        if args.command == "eval":
+            return cmd_eval(args, overrides)
+        if args.command == "generate":
+            return cmd_generate(args, overrides)
+        return cmd_report(args)
+    except TemperError as err:
+        print(f"temper: error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("temper: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(main())

@@ -1,0 +1,184 @@
+"""The typed run config.
+
+Every section is a small pydantic model with documented, bounded fields.
+Unknown keys are errors (`extra="forbid"`), so a typo never silently falls back
+to a default. The defaults are the embedded default run: the built-in tiny
+model learning arithmetic with GRPO.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunConfig(_Section):
+    name: str = Field("demo", min_length=1, description="Run name; the run directory is output_dir/name.")
+    output_dir: str = Field("runs", description="Parent folder of run directories.")
+    seed: int = Field(0, ge=0, description="Seeds sampling, data order and initialisation.")
+    overwrite: bool = Field(
+        False, description="Replace an existing run directory instead of refusing to start."
+    )
+    resume: bool = Field(
+        False, description="Continue from the newest checkpoint in the run directory."
+    )
+    threads: int = Field(0, ge=0, description="torch intra-op threads; 0 keeps torch's default.")
+
+
+class ModelConfig(_Section):
+    path: str = Field(
+        "tiny", description='HF causal LM directory, or "tiny" for the built-in model.'
+    )
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Parameter dtype of the policy and the engine."
+    )
+
+
+class EngineConfig(_Section):
+    type: Literal["native", "hf"] = Field("native", description="Which engine generates rollouts.")
+    max_slots: int = Field(256, ge=1, description="Sequences decoded concurrently (native).")
+
+
+class DataConfig(_Section):
+    type: Literal["arithmetic", "file"] = Field(
+        "arithmetic", description="Built-in procedural arithmetic, or a dataset file."
+    )
+    levels: list[int] = Field(
+        default_factory=lambda: [1, 2, 3], description="Arithmetic difficulty levels to draw from."
+    )
+    path: str | None = Field(None, description="Training file (.jsonl or .parquet) for type=file.")
+    eval_path: str | None = Field(
+        None, description="Held-out file for type=file; if unset, eval_size rows are split off."
+    )
+    prompt_field: str = Field("prompt", description="Column holding the prompt.")
+    answer_field: str = Field("answer", description="Column holding the reference answer.")
+    id_field: str | None = Field(None, description="Column holding a stable row id.")
+    category_field: str | None = Field(None, description="Column used for per-category metrics.")
+    answer_extractor: Literal["gsm8k"] | None = Field(
+        None, description='"gsm8k" takes the number after "####" as the answer.'
+    )
+    system_prompt: str | None = Field(None, description="Optional system message for every prompt.")
+    eval_size: int = Field(200, ge=1, description="Held-out problems used by eval.")
+
+    @model_validator(mode="after")
+    def _file_needs_path(self) -> DataConfig:
+        if self.type == "file" and not self.path:
+            raise ValueError("data.path is required when data.type = 'file'")
+        if any(lvl < 1 or lvl > 4 for lvl in self.levels) or not self.levels:
+            raise ValueError("data.levels must be a non-empty list of levels in 1..4")
+        return self
+
+
+class RewardComponentConfig(_Section):
+    type: Literal["math", "format", "python"] = Field(
+        description="math: math-verify vs the answer; format: regex; python: your function."
+    )
+    weight: float = Field(1.0, description="Weight of this component in the total reward.")
+    pattern: str | None = Field(None, description="Regex for type=format.")
+    function: str | None = Field(
+        None,
+        description='For type=python: "module:function" or "path/file.py:function" with TRL\'s '
+        "signature (prompts, completions, **columns) -> list[float].",
+    )
+
+    @model_validator(mode="after")
+    def _python_needs_function(self) -> RewardComponentConfig:
+        if self.type == "python" and not self.function:
+            raise ValueError("reward component of type 'python' needs 'function'")
+        return self
+
+
+class RewardConfig(_Section):
+    components: list[RewardComponentConfig] = Field(
+        default_factory=lambda: [RewardComponentConfig(type="math", weight=1.0)],
+        description="Weighted components summed into the reward.",
+    )
+    on_error: Literal["zero", "drop"] = Field(
+        "zero", description="A sample whose reward fails scores 0, or is dropped."
+    )
+    timeout_s: float = Field(5.0, gt=0, description="Per-item verification timeout.")
+    workers: int = Field(1, ge=1, description="Reward worker processes.")
+
+
+class AlgoConfig(_Section):
+    advantage: Literal["grpo", "grpo_no_std", "dr_grpo", "rloo", "reinforce_pp_baseline"] = "grpo"
+    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    clip_low: float = Field(0.2, ge=0, description="PPO ratio clip below 1 (1 - clip_low).")
+    clip_high: float = Field(0.28, ge=0, description="PPO ratio clip above 1 (DAPO clip-higher).")
+    dual_clip: float | None = Field(None, gt=1, description="Dual-clip constant c > 1, or off.")
+    kl_coef: float = Field(0.0, ge=0, description="KL penalty vs the reference model; 0 = no ref.")
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus coefficient.")
+
+
+class TrainerConfig(_Section):
+    lr: float = Field(1e-4, gt=0, le=1, description="Peak learning rate.")
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.99)
+    warmup_steps: int = Field(5, ge=0, description="Linear warmup steps.")
+    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    grad_clip: float = Field(1.0, gt=0, description="Max global grad norm.")
+    micro_batch_tokens: int = Field(
+        8192, ge=16, description="Token budget (padded) of one micro-batch."
+    )
+    precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 uses autocast.")
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
+    mini_batches: int = Field(1, ge=1, description="Optimizer steps per pass.")
+
+
+class OrchestratorConfig(_Section):
+    steps: int = Field(120, ge=1, description="Training steps.")
+    prompts_per_step: int = Field(16, ge=1)
+    group_size: int = Field(8, ge=1, description="Samples per prompt (the GRPO group).")
+    max_response_tokens: int = Field(48, ge=1, description="Generation limit per sample.")
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = Field(0, ge=0)
+    drop_zero_variance_groups: bool = Field(
+        True, description="Skip groups where every sample got the same reward (no signal)."
+    )
+    max_seconds: float | None = Field(
+        None, gt=0, description="Stop training after this wall-clock budget."
+    )
+
+
+class EvalConfig(_Section):
+    every: int = Field(40, ge=0, description="Evaluate every N steps (0 = only start and end).")
+    at_start: bool = True
+    at_end: bool = True
+    size: int | None = Field(None, ge=1, description="Held-out tasks (default data.eval_size).")
+    k: int = Field(4, ge=1, description="Samples per task for pass@k / mean@k.")
+    temperature: float = Field(1.0, ge=0, description="Temperature of the sampled eval.")
+    max_response_tokens: int | None = Field(None, ge=1)
+
+
+class LogConfig(_Section):
+    trajectories_per_step: int = Field(8, ge=0, description="Samples saved per step.")
+    progress: bool = Field(True, description="Show the live progress bar.")
+
+
+class CheckpointConfig(_Section):
+    every: int = Field(0, ge=0, description="Checkpoint every N steps (0 = only at the end).")
+    keep: int = Field(2, ge=1, description="Checkpoints kept on disk.")
+    at_end: bool = True
+
+
+class Config(_Section):
+    """The whole run. `temper train` with no file uses these defaults."""
+
+    run: RunConfig = Field(default_factory=RunConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+    log: LogConfig = Field(default_factory=LogConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)

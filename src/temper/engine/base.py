@@ -1,0 +1,119 @@
+"""The Engine protocol: token ids in, token ids + logprobs out.
+
+Every engine (native, hf, later vllm/sglang) implements `Engine`. Callers never
+send text: they send the exact prompt token ids and get back the exact sampled
+ids with the engine's per-token logprobs (the behaviour logprobs) and the
+policy version that produced each token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Literal, Protocol, runtime_checkable
+
+import torch
+
+FinishReason = Literal["stop", "length", "abort"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample. Greedy decoding is `temperature=0`.
+
+    `seed` makes sampling reproducible: sample i of a request draws from its own
+    random stream seeded by (seed, i), so the result does not depend on which
+    other requests share the batch. `top_k=0` and `top_p=1.0` disable those
+    filters. `ignore_eos` keeps generating past the model's end-of-sequence token
+    (benchmarks use it to generate a fixed number of tokens).
+    """
+
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 64
+    stop_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    seed: int | None = None
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.n < 1:
+            raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
+        if self.temperature < 0:
+            raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"SamplingParams.top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"SamplingParams.top_k must be >= 0, got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(
+                f"SamplingParams.max_new_tokens must be >= 1, got {self.max_new_tokens}"
+            )
+        # Accept lists from callers but store tuples so params stay hashable.
+        object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class SampleOutput:
+    """One generated continuation.
+
+    `token_ids` are exactly the sampled ids, including a stop token when one
+    ended the sample (so the trainer trains on it). `logprobs[i]` is the
+    engine's log-probability of `token_ids[i]` under the sampling distribution
+    before temperature/top-k/top-p (i.e. the raw policy logprob).
+    `policy_versions[i]` is the weight version that produced token i.
+    `stop_reason` is the stop token id or stop string that ended the sample.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReason
+    policy_versions: list[int] = field(default_factory=list)
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class GenerationResult:
+    """The n samples for one prompt."""
+
+    prompt_token_ids: list[int]
+    samples: list[SampleOutput]
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """A text-generation engine over token ids.
+
+    Implementations: `temper.engine.native.NativeEngine` (KV cache, continuous
+    batching, shared prefill) and `temper.engine.hf.HFEngine` (wraps
+    `model.generate`, the baseline).
+    """
+
+    #: Weight version currently loaded. Starts at 0.
+    version: int
+    #: Longest prompt + generation the engine accepts, in tokens.
+    max_context: int
+
+    async def generate(
+        self, prompt_token_ids: Sequence[int], params: SamplingParams
+    ) -> GenerationResult:
+        """Generate `params.n` samples continuing `prompt_token_ids`.
+
+        Raises `temper.errors.PromptTooLongError` if the prompt does not fit.
+        """
+        ...
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """Load new weights (same names and shapes as the HF model) as `version`."""
+        ...
+
+    async def close(self) -> None:
+        """Stop background work and free memory."""
+        ...

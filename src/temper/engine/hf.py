@@ -1,0 +1,176 @@
+"""The baseline engine: Hugging Face ``model.generate`` behind the Engine protocol.
+
+Each `generate` call runs one ``model.generate`` over its n samples (the prompt
+repeated n times; one prompt, so no padding) on a single worker thread;
+concurrent calls queue and run one after another, with no batching across
+requests. Logprobs are the raw ``log_softmax`` of the model logits
+(``output_logits``), before temperature and filters. Stops follow the same
+rules as the native engine (`temper.engine.requests.StopChecker`): the output
+is cut right after the first stop token or stop string, and the stop token is
+kept.
+
+Seeding uses ``torch.manual_seed(seed)`` before the call, i.e. the global torch
+RNG: a seeded request is reproducible, but its samples depend on n and are not
+the same stream as the native engine's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Mapping
+from collections.abc import Sequence as Seq
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import torch
+
+from temper.engine.base import GenerationResult, SampleOutput, SamplingParams
+from temper.engine.requests import StopChecker, eos_token_ids, validate_prompt
+from temper.errors import TemperError
+
+
+class HFEngine:
+    """Wraps an in-memory HF causal LM's ``generate``; ``tokenizer`` is needed
+    only for stop strings. ``max_context`` defaults to the model's
+    ``max_position_embeddings``."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: Any | None = None,
+        *,
+        max_context: int | None = None,
+    ) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        limit = int(getattr(model.config, "max_position_embeddings", 0) or 2048)
+        self.max_context: int = min(limit, max_context) if max_context else limit
+        self.version: int = 0
+        self.eos_token_ids = eos_token_ids(model)
+        self.vocab_size = int(model.config.vocab_size)
+        self._stop = StopChecker(tokenizer, self.max_context)
+        self._lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="temper-hf")
+        self._closed = False
+
+    async def generate(
+        self, prompt_token_ids: Seq[int], params: SamplingParams
+    ) -> GenerationResult:
+        """Generate ``params.n`` samples with one ``model.generate`` call."""
+        if self._closed:
+            raise RuntimeError("HFEngine is closed")
+        prompt = validate_prompt(prompt_token_ids, self.max_context, self.vocab_size)
+        if params.stop_strings and self.tokenizer is None:
+            raise TemperError("stop_strings need a tokenizer; pass one to HFEngine")
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._executor, self._generate, prompt, params)
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+        """``load_state_dict(strict=False)`` under the generation lock, then set ``version``."""
+        with self._lock, torch.no_grad():
+            result = self.model.load_state_dict(dict(state_dict), strict=False)
+            if result.unexpected_keys:
+                raise KeyError(
+                    f"update_weights: unknown parameter name(s) {result.unexpected_keys[:5]}"
+                )
+            self.version = int(version)
+
+    async def close(self) -> None:
+        """Stop the worker thread (after the running call)."""
+        self._closed = True
+        self._executor.shutdown(wait=True)
+
+    # ------------------------------------------------------------------ worker
+    def _generate(self, prompt: list[int], params: SamplingParams) -> GenerationResult:
+        from transformers import GenerationConfig
+
+        stop_ids = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stop_ids |= self.eos_token_ids
+        max_new = min(params.max_new_tokens, self.max_context - len(prompt))
+        config = GenerationConfig(
+            do_sample=not params.greedy,
+            temperature=params.temperature if not params.greedy else 1.0,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            max_new_tokens=max_new,
+            # An id outside the vocabulary never matches: no stop token at all.
+            eos_token_id=sorted(stop_ids) or [self.vocab_size],
+            pad_token_id=getattr(self.model.config, "pad_token_id", None) or 0,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+        extra: dict[str, Any] = {}
+        if params.stop_strings:
+            extra["stopping_criteria"] = self._stop_string_criteria(
+                len(prompt), params.stop_strings
+            )
+        ids = torch.tensor([prompt] * params.n, dtype=torch.long)
+        with self._lock, torch.inference_mode():
+            version = self.version
+            if params.seed is not None:
+                torch.manual_seed(params.seed)
+            out = self.model.generate(
+                input_ids=ids,
+                attention_mask=torch.ones_like(ids),
+                generation_config=config,
+                **extra,
+            )
+        new = out.sequences[:, len(prompt) :]
+        logits = torch.stack(out.logits, dim=1).float()  # [n, steps, vocab]
+        logprobs = torch.log_softmax(logits, dim=-1).gather(2, new.unsqueeze(2)).squeeze(2)
+        samples = [
+            self._finish(prompt, new[i].tolist(), logprobs[i].tolist(), params, stop_ids, version)
+            for i in range(params.n)
+        ]
+        return GenerationResult(list(prompt), samples)
+
+    def _stop_string_criteria(self, prompt_len: int, stop_strings: tuple[str, ...]) -> Any:
+        """A StoppingCriteria ending rows whose generated tail holds a stop string."""
+        from transformers import StoppingCriteria, StoppingCriteriaList
+
+        checker = self._stop
+
+        class _StopStrings(StoppingCriteria):
+            def __call__(self, input_ids: torch.Tensor, scores: Any, **kwargs: Any) -> torch.Tensor:
+                rows = input_ids[:, prompt_len:].tolist()
+                done = [checker.stop_string(r, stop_strings) is not None for r in rows]
+                return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+        return StoppingCriteriaList([_StopStrings()])
+
+    def _finish(
+        self,
+        prompt: list[int],
+        tokens: list[int],
+        logprobs: list[float],
+        params: SamplingParams,
+        stop_ids: set[int],
+        version: int,
+    ) -> SampleOutput:
+        """Cut a raw HF row at the first stop and name its finish reason."""
+        for i, tok in enumerate(tokens):
+            reason: Any = None
+            if tok in stop_ids:
+                reason = ("stop", tok)
+            elif params.stop_strings:
+                hit = self._stop.stop_string(tokens[: i + 1], params.stop_strings)
+                reason = ("stop", hit) if hit is not None else None
+            if reason is None and (
+                i + 1 >= params.max_new_tokens or len(prompt) + i + 1 >= self.max_context
+            ):
+                reason = ("length", None)
+            if reason is not None:
+                return SampleOutput(
+                    token_ids=tokens[: i + 1],
+                    logprobs=logprobs[: i + 1],
+                    finish_reason=reason[0],
+                    policy_versions=[version] * (i + 1),
+                    stop_reason=reason[1],
+                )
+        # HF ended the row for a reason our rules did not see (e.g. a stop string
+        # across the prompt boundary).
+        return SampleOutput(
+            tokens, logprobs, "stop", policy_versions=[version] * len(tokens), stop_reason=None
+        )

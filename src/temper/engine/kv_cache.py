@@ -1,0 +1,151 @@
+"""A slot-based KV cache for the native engine.
+
+Each active sequence owns one *row* (slot) of the cache. Rows are kept dense:
+the active sequences always occupy rows ``0 .. B-1``, so a decode step reads
+``k[layer, :B, :, :T]`` as a view without gathering. When a sequence finishes,
+the engine moves the last rows into the holes (`move_rows`).
+
+The tensors are preallocated in chunks and grow on demand (doubling) up to
+``max_slots`` rows and ``max_context`` positions, so a large ``max_slots`` does
+not reserve ``max_slots * max_context`` entries up front. Growing copies the
+cache once; it never shrinks.
+
+Entries beyond a row's length hold stale values: the attention mask built by
+the caller must hide them. This class does no masking and no attention.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class SlotKVCache:
+    """Keys and values of shape ``[layers, rows, kv_heads, positions, head_dim]``."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        *,
+        max_slots: int,
+        max_context: int,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        initial_slots: int = 16,
+        initial_positions: int = 256,
+    ) -> None:
+        self.num_layers = num_layers
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.max_slots = max_slots
+        self.max_context = max_context
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self._initial = (min(initial_slots, max_slots), min(initial_positions, max_context))
+        self.k = self._empty(*self._initial)
+        self.v = self._empty(*self._initial)
+
+    def _empty(self, rows: int, positions: int) -> torch.Tensor:
+        shape = (self.num_layers, rows, self.num_kv_heads, positions, self.head_dim)
+        return torch.zeros(shape, dtype=self.dtype, device=self.device)
+
+    @property
+    def row_capacity(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def position_capacity(self) -> int:
+        return self.k.shape[3]
+
+    def nbytes(self) -> int:
+        """Bytes held by the key and value tensors."""
+        return 2 * self.k.numel() * self.k.element_size()
+
+    def ensure(self, rows: int, positions: int) -> None:
+        """Grow (by doubling) so that ``rows`` rows of ``positions`` positions fit.
+
+        Raises `ValueError` past ``max_slots`` or ``max_context``.
+        """
+        if rows > self.max_slots or positions > self.max_context:
+            raise ValueError(
+                f"KV cache request of {rows} rows x {positions} positions exceeds "
+                f"{self.max_slots} x {self.max_context}"
+            )
+        cur_rows, cur_pos = self.row_capacity, self.position_capacity
+        if rows <= cur_rows and positions <= cur_pos:
+            return
+        new_rows, new_pos = cur_rows, cur_pos
+        while new_rows < rows:
+            new_rows = min(2 * new_rows, self.max_slots)
+        while new_pos < positions:
+            new_pos = min(2 * new_pos, self.max_context)
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            new = self._empty(new_rows, new_pos)
+            new[:, :cur_rows, :, :cur_pos] = old
+            setattr(self, name, new)
+
+    def reset(self) -> None:
+        """Forget all rows. Keeps the allocation (stale entries are masked anyway)."""
+        self.k.zero_()
+        self.v.zero_()
+
+    def release(self) -> None:
+        """Free the memory: back to the initial (small) allocation."""
+        self.k = self._empty(*self._initial)
+        self.v = self._empty(*self._initial)
+
+    def move_rows(self, src: torch.Tensor, dst: torch.Tensor, length: int) -> None:
+        """Copy the first ``length`` positions of rows ``src`` into rows ``dst``.
+
+        ``src`` and ``dst`` must be disjoint (the copy is one batched gather and
+        scatter, so chained moves are not supported).
+        """
+        if src.numel() == 0:
+            return
+        for t in (self.k, self.v):
+            t[:, dst, :, :length] = t[:, src, :, :length]
+
+    def write_prefill(
+        self,
+        layer: int,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        dst_rows: torch.Tensor,
+        src_rows: torch.Tensor | None,
+    ) -> None:
+        """Write prompt keys/values ``[P, kv_heads, L, head_dim]`` at positions ``0..L-1``.
+
+        Row ``dst_rows[j]`` receives prompt ``src_rows[j]`` (so one prefill can
+        fill the n rows of its n samples). ``src_rows=None`` means prompt j goes
+        to ``dst_rows[j]``.
+        """
+        length = k.shape[2]
+        if src_rows is not None:
+            k = k.index_select(0, src_rows)
+            v = v.index_select(0, src_rows)
+        self.k[layer, dst_rows, :, :length] = k
+        self.v[layer, dst_rows, :, :length] = v
+
+    def decode_index(self, positions: torch.Tensor) -> torch.Tensor:
+        """Flat indices for `write_decode`: rows ``0..B-1`` at ``positions [B]``.
+
+        Valid until the cache next grows; compute it once per decode step.
+        """
+        rows = torch.arange(positions.shape[0], device=positions.device)
+        heads = torch.arange(self.num_kv_heads, device=positions.device)
+        base = (rows.unsqueeze(1) * self.num_kv_heads + heads) * self.position_capacity
+        return (base + positions.unsqueeze(1)).view(-1)
+
+    def write_decode(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor, index: torch.Tensor
+    ) -> None:
+        """Write one new key/value ``[B, kv_heads, head_dim]`` per row at `decode_index` ``index``."""
+        d = self.head_dim
+        self.k[layer].view(-1, d).index_copy_(0, index, k.reshape(-1, d))
+        self.v[layer].view(-1, d).index_copy_(0, index, v.reshape(-1, d))
+
+    def view(self, layer: int, rows: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of rows ``0..rows-1``, positions ``0..length-1`` (views, no copy)."""
+        return self.k[layer, :rows, :, :length], self.v[layer, :rows, :, :length]

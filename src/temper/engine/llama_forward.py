@@ -1,0 +1,403 @@
+"""A native forward pass for Llama-family decoder LMs over a `SlotKVCache`.
+
+`LlamaFamilyModel` copies the weights of a Hugging Face ``LlamaForCausalLM``,
+``MistralForCausalLM``, ``Qwen2ForCausalLM`` or ``Qwen3ForCausalLM`` into its own
+tensors (q/k/v and gate/up projections fused into one matrix each) and runs
+prefill and decode against the slot cache. It reproduces the HF math (RMSNorm,
+rotary embeddings including the "linear", "llama3" and "yarn" variants, grouped
+query attention, Qwen2 q/k/v biases, Qwen3 q/k norms, tied embeddings) so its
+logits match the HF forward to float rounding.
+
+It does not implement sliding-window attention: when the config enables it, the
+usable context is capped at the window (where full and sliding attention agree).
+Dynamic and "longrope" RoPE are likewise capped at the original pretraining
+length. Anything else (other architectures, activations, RoPE types) raises
+`UnsupportedModelError`, which suggests ``engine.type = "hf"``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from temper.engine.kv_cache import SlotKVCache
+from temper.errors import TemperError
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+_STATIC_ROPE = ("default", "linear", "llama3", "yarn")
+_CAPPED_ROPE = ("dynamic", "longrope")
+
+
+class UnsupportedModelError(TemperError):
+    """A model the native engine cannot run."""
+
+
+def _rope_type(config: Any) -> str:
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None)
+    if not params:
+        return "default"
+    if "rope_type" not in params and "type" not in params:
+        # Per-layer-type rope parameters (e.g. {"full_attention": {...}}) are not supported.
+        raise UnsupportedModelError(
+            'native engine does not support per-layer RoPE parameters; use engine.type = "hf"'
+        )
+    return str(params.get("rope_type", params.get("type", "default")))
+
+
+def supported_context(config: Any, requested: int | None) -> int:
+    """The longest context the native forward reproduces exactly for ``config``."""
+    limit = int(config.max_position_embeddings)
+    if _rope_type(config) in _CAPPED_ROPE:
+        params = getattr(config, "rope_parameters", None) or {}
+        limit = int(params.get("original_max_position_embeddings") or limit)
+    layer_types = getattr(config, "layer_types", None) or []
+    window = getattr(config, "sliding_window", None)
+    sliding = "sliding_attention" in layer_types or (
+        config.model_type == "mistral" and window is not None
+    )
+    if sliding and window:
+        limit = min(limit, int(window))
+    return limit if requested is None else min(limit, int(requested))
+
+
+def check_supported(model: torch.nn.Module) -> None:
+    """Raise `UnsupportedModelError` unless the native forward can run ``model``."""
+    config = getattr(model, "config", None)
+    model_type = getattr(config, "model_type", None)
+    hint = 'use engine.type = "hf" for this model'
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        name = type(model).__name__
+        raise UnsupportedModelError(
+            f"native engine supports {', '.join(SUPPORTED_MODEL_TYPES)} models, "
+            f"not {name} (model_type={model_type!r}); {hint}"
+        )
+    if getattr(config, "hidden_act", "silu") != "silu":
+        raise UnsupportedModelError(
+            f"native engine supports hidden_act='silu', not {config.hidden_act!r}; {hint}"
+        )
+    rope = _rope_type(config)
+    if rope not in _STATIC_ROPE + _CAPPED_ROPE:
+        raise UnsupportedModelError(f"native engine does not support rope_type={rope!r}; {hint}")
+
+
+def _linear(x: torch.Tensor, wt: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ wt + bias`` for a transposed weight ``wt [in, out]`` (one GEMM)."""
+    if x.dim() == 2:
+        return torch.mm(x, wt) if bias is None else torch.addmm(bias, x, wt)
+    y = torch.matmul(x, wt)
+    return y if bias is None else y.add_(bias)
+
+
+class LlamaFamilyModel:
+    """Weights and forward of a Llama-family model, run against a `SlotKVCache`.
+
+    The weights are copies (optionally cast to ``dtype``); later changes to the
+    HF model do not reach this object except through `load_state_dict`.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        dtype: torch.dtype | None = None,
+        max_context: int | None = None,
+    ) -> None:
+        check_supported(model)
+        cfg = model.config
+        self.config = cfg
+        self.dtype = dtype or next(model.parameters()).dtype
+        self.device = next(model.parameters()).device
+        self.num_layers = int(cfg.num_hidden_layers)
+        self.num_heads = int(cfg.num_attention_heads)
+        self.num_kv_heads = int(getattr(cfg, "num_key_value_heads", None) or self.num_heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.num_heads)
+        self.hidden_size = int(cfg.hidden_size)
+        self.vocab_size = int(cfg.vocab_size)
+        self.eps = float(cfg.rms_norm_eps)
+        self.scale = self.head_dim**-0.5
+        self.max_context = supported_context(cfg, max_context)
+        self.qk_norm = cfg.model_type == "qwen3"
+
+        sd = {k: v.detach() for k, v in model.state_dict().items()}
+        # HF name -> the engine tensors (views) holding it; tied weights have two.
+        self._views: dict[str, list[torch.Tensor]] = {}
+        with torch.no_grad():
+            self._build(sd, model)
+            self._build_rope(model)
+
+    # ------------------------------------------------------------------ weights
+    def _own(self, t: torch.Tensor) -> torch.Tensor:
+        return t.to(device=self.device, dtype=self.dtype).clone()
+
+    def _register(self, name: str, view: torch.Tensor) -> None:
+        self._views.setdefault(name, []).append(view)
+
+    def _fused(self, sd: Mapping[str, torch.Tensor], names: list[str]) -> torch.Tensor:
+        """Concatenate biases ``names`` along dim 0 and register each part as a view."""
+        fused = self._own(torch.cat([sd[n] for n in names], dim=0))
+        start = 0
+        for n in names:
+            rows = sd[n].shape[0]
+            self._register(n, fused[start : start + rows])
+            start += rows
+        return fused
+
+    def _fused_t(self, sd: Mapping[str, torch.Tensor], names: list[str]) -> torch.Tensor:
+        """Weights ``names`` ([out_i, in] each) as one transposed ``[in, sum out_i]`` matrix.
+
+        Transposed weights let a linear layer run as a plain ``x @ w`` GEMM.
+        """
+        fused = self._own(torch.cat([sd[n] for n in names], dim=0).t().contiguous())
+        start = 0
+        for n in names:
+            rows = sd[n].shape[0]
+            self._register(n, fused[:, start : start + rows].t())
+            start += rows
+        return fused
+
+    def _single(self, sd: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
+        t = self._own(sd[name])
+        self._register(name, t)
+        return t
+
+    def _build(self, sd: Mapping[str, torch.Tensor], model: torch.nn.Module) -> None:
+        self.embed = self._single(sd, "model.embed_tokens.weight")
+        tied = (
+            "lm_head.weight" not in sd
+            or sd["lm_head.weight"].data_ptr() == sd["model.embed_tokens.weight"].data_ptr()
+        )
+        if tied or getattr(self.config, "tie_word_embeddings", False):
+            self.lm_head = self._fused_t(sd, ["model.embed_tokens.weight"])
+            self._views["lm_head.weight"] = self._views["model.embed_tokens.weight"]
+        else:
+            self.lm_head = self._fused_t(sd, ["lm_head.weight"])
+        self.final_norm = self._single(sd, "model.norm.weight")
+        self.layers: list[dict[str, torch.Tensor | None]] = []
+        for i in range(self.num_layers):
+            p = f"model.layers.{i}."
+            a, m = p + "self_attn.", p + "mlp."
+            qkv = [a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"]
+            qkv_b = [a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"]
+            layer: dict[str, torch.Tensor | None] = {
+                "ln1": self._single(sd, p + "input_layernorm.weight"),
+                "ln2": self._single(sd, p + "post_attention_layernorm.weight"),
+                "qkv": self._fused_t(sd, qkv),
+                "qkv_b": self._fused(sd, qkv_b) if qkv_b[0] in sd else None,
+                "o": self._fused_t(sd, [a + "o_proj.weight"]),
+                "o_b": self._single(sd, a + "o_proj.bias") if a + "o_proj.bias" in sd else None,
+                "gate_up": self._fused_t(sd, [m + "gate_proj.weight", m + "up_proj.weight"]),
+                "gate_up_b": (
+                    self._fused(sd, [m + "gate_proj.bias", m + "up_proj.bias"])
+                    if m + "gate_proj.bias" in sd
+                    else None
+                ),
+                "down": self._fused_t(sd, [m + "down_proj.weight"]),
+                "down_b": self._single(sd, m + "down_proj.bias")
+                if m + "down_proj.bias" in sd
+                else None,
+                "q_norm": self._single(sd, a + "q_norm.weight") if self.qk_norm else None,
+                "k_norm": self._single(sd, a + "k_norm.weight") if self.qk_norm else None,
+            }
+            self.layers.append(layer)
+        self.intermediate = self.layers[0]["down"].shape[0]  # type: ignore[union-attr]
+
+    def _build_rope(self, model: torch.nn.Module) -> None:
+        rotary = model.model.rotary_emb
+        inv_freq = getattr(rotary, "original_inv_freq", None)
+        if inv_freq is None:
+            inv_freq = rotary.inv_freq
+        scaling = float(getattr(rotary, "attention_scaling", 1.0))
+        pos = torch.arange(self.max_context, device=self.device, dtype=torch.float32)
+        # Same float32 arithmetic as the HF rotary embedding, so tables match bitwise.
+        freqs = pos[:, None] * inv_freq.to(device=self.device, dtype=torch.float32)[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        cos = emb.cos() * scaling
+        sin = emb.sin() * scaling
+        half = self.head_dim // 2
+        # x * cos + roll(x, half) * sin_signed == x * cos + rotate_half(x) * sin
+        sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
+        self.cos = cos.to(self.dtype)
+        self.sin = sin_signed.to(self.dtype)
+
+    def parameter_names(self) -> list[str]:
+        return list(self._views)
+
+    def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> int:
+        """Copy tensors (HF names) into the engine's weights in place; returns how many.
+
+        A subset of names is allowed. Unknown names and shape mismatches raise
+        `KeyError` / `ValueError` before anything is copied.
+        """
+        unknown = [n for n in state_dict if n not in self._views and not n.endswith("inv_freq")]
+        if unknown:
+            raise KeyError(f"update_weights: unknown parameter name(s) {unknown[:5]}")
+        for name, t in state_dict.items():
+            if name in self._views and tuple(t.shape) != tuple(self._views[name][0].shape):
+                raise ValueError(
+                    f"update_weights: {name} has shape {tuple(t.shape)}, "
+                    f"expected {tuple(self._views[name][0].shape)}"
+                )
+        with torch.no_grad():
+            count = 0
+            for name, t in state_dict.items():
+                for view in self._views.get(name, ()):
+                    view.copy_(t)
+                    count += 1
+        return count
+
+    def new_cache(self, max_slots: int) -> SlotKVCache:
+        return SlotKVCache(
+            self.num_layers,
+            self.num_kv_heads,
+            self.head_dim,
+            max_slots=max_slots,
+            max_context=self.max_context,
+            dtype=self.dtype,
+            device=self.device,
+        )
+
+    # ------------------------------------------------------------------ forward
+    def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), w, self.eps)
+        # As HF: normalise in float32, cast back, then scale by the weight.
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return w * xf.to(x.dtype)
+
+    def _qkv(
+        self, layer: dict[str, Any], x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Project ``x [N, S, hidden]``; return rotated q, k and v as ``[N, S, heads, D]``."""
+        h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
+        qkv = _linear(self._rms(x, layer["ln1"]), layer["qkv"], layer["qkv_b"])
+        qkv = qkv.view(*x.shape[:-1], h + 2 * hk, d)
+        v = qkv[..., h + hk :, :]
+        if self.qk_norm:
+            q = self._rms(qkv[..., :h, :], layer["q_norm"])
+            k = self._rms(qkv[..., h : h + hk, :], layer["k_norm"])
+            qk = torch.cat((q, k), dim=-2)
+        else:
+            qk = qkv[..., : h + hk, :]
+        qk = qk * cos + torch.roll(qk, d // 2, dims=-1) * sin
+        return qk[..., :h, :], qk[..., h:, :], v
+
+    def _mlp_out(self, layer: dict[str, Any], x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        x = x + _linear(attn, layer["o"], layer["o_b"])
+        gu = _linear(self._rms(x, layer["ln2"]), layer["gate_up"], layer["gate_up_b"])
+        gate, up = gu.split(self.intermediate, dim=-1)
+        return x + _linear(F.silu(gate) * up, layer["down"], layer["down_b"])
+
+    def _logits(self, h: torch.Tensor) -> torch.Tensor:
+        return _linear(self._rms(h, self.final_norm), self.lm_head, None).float()
+
+    def prefill(
+        self,
+        token_ids: torch.Tensor,
+        lengths: torch.Tensor,
+        cache: SlotKVCache,
+        dst_rows: torch.Tensor,
+        src_rows: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Run right-padded prompts ``[P, L]`` and write their keys/values to the cache.
+
+        Row ``dst_rows[j]`` of the cache receives prompt ``src_rows[j]`` (default
+        ``j``). Returns float32 logits ``[P, vocab]`` at each prompt's last real
+        position (``lengths - 1``). Padding sits after each prompt, so causal
+        attention keeps it out of the real positions; its cache entries lie
+        beyond the row length and stay masked.
+        """
+        n, length = token_ids.shape
+        h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
+        x = F.embedding(token_ids, self.embed)
+        cos = self.cos[:length].view(1, length, 1, d)
+        sin = self.sin[:length].view(1, length, 1, d)
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, x, cos, sin)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            cache.write_prefill(i, k, v, dst_rows, src_rows)
+            attn = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=self.scale, enable_gqa=h != hk
+            )
+            x = self._mlp_out(layer, x, attn.transpose(1, 2).reshape(n, length, h * d))
+        last = x[torch.arange(n, device=x.device), lengths - 1]
+        return self._logits(last)
+
+    def decode(
+        self,
+        token_ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: SlotKVCache,
+        length: int,
+        chunks: Sequence[tuple[int, int, int]] | None = None,
+    ) -> torch.Tensor:
+        """One decode step for cache rows ``0..B-1``.
+
+        ``token_ids[b]`` sits at ``positions[b]``; row b attends to its cache
+        positions ``0..positions[b]`` (``length`` is the largest of these plus one).
+        ``chunks`` optionally splits the attention into row ranges ``(r0, r1, t)``
+        that each read only their own longest length ``t`` of the cache (cheaper
+        when rows are grouped by length). Returns float32 logits ``[B, vocab]``.
+        """
+        b = token_ids.shape[0]
+        h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
+        index = cache.decode_index(positions)
+        x = F.embedding(token_ids, self.embed)  # [B, hidden]
+        cos = self.cos[positions].unsqueeze(1)  # [B, 1, D]
+        sin = self.sin[positions].unsqueeze(1)
+        pad = torch.arange(length, device=token_ids.device) > positions.unsqueeze(1)
+        mask = torch.zeros(b, 1, 1, length, dtype=self.dtype, device=x.device)
+        mask.masked_fill_(pad.view(b, 1, 1, length), float("-inf"))
+        if not chunks or len(chunks) == 1:
+            chunks = [(0, b, length)]
+        group = h // hk
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, x, cos, sin)  # q [B, H, D], k/v [B, Hk, D]
+            cache.write_decode(i, k, v, index)
+            # The `group` query heads that share a kv head become a length-`group`
+            # query sequence; all positions see the same keys, so no causal mask.
+            q = q.reshape(b, hk, group, d)
+            outs = []
+            for r0, r1, t in chunks:
+                kc, vc = cache.view(i, r1, t)  # [r1, Hk, t, D]
+                outs.append(
+                    F.scaled_dot_product_attention(
+                        q[r0:r1], kc[r0:], vc[r0:], attn_mask=mask[r0:r1, ..., :t], scale=self.scale
+                    )
+                )
+            attn = outs[0] if len(outs) == 1 else torch.cat(outs)
+            x = self._mlp_out(layer, x, attn.reshape(b, h * d))
+        return self._logits(x)
+
+    def chunk_overhead(self) -> int:
+        """Cache row-positions worth one extra attention call (see `attention_chunks`)."""
+        per_position = 2 * self.num_kv_heads * self.head_dim * self.cache_dtype_size
+        return max(16, (256 * 1024) // per_position)
+
+    @property
+    def cache_dtype_size(self) -> int:
+        return torch.empty((), dtype=self.dtype).element_size()
+
+
+def attention_chunks(lengths: Sequence[int], overhead: int) -> list[tuple[int, int]]:
+    """Split rows ``0..B-1`` into 1, 2, 4 or 8 equal ranges for decode attention.
+
+    Each range reads the cache up to its own longest row, so when rows are
+    grouped by length the split skips padding. Picks the split with the least
+    ``sum(rows * longest) + overhead * (ranges - 1)``. Ranges are equal-sized,
+    not optimal; rows are not reordered here.
+    """
+    b = len(lengths)
+    best, best_cost = [(0, b)], b * max(lengths)
+    k = 2
+    while k <= 8 and b // k >= 4:
+        bounds = [i * b // k for i in range(k + 1)]
+        pairs = list(itertools.pairwise(bounds))
+        cost = sum((r1 - r0) * max(lengths[r0:r1]) for r0, r1 in pairs) + (k - 1) * overhead
+        if cost < best_cost:
+            best, best_cost = pairs, cost
+        k *= 2
+    return best

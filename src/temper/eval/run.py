@@ -1,0 +1,64 @@
+"""Stand-alone eval and generation (the `temper eval` / `temper generate` commands)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from temper.config import Config
+from temper.engine.base import SamplingParams
+from temper.eval.harness import evaluate
+from temper.models import load_tokenizer, resolve_model_path
+from temper.orchestrator.build import build_engine, build_reward, build_tasks
+from temper.rollout.single_turn import PromptRenderer, check_prompt_fits
+
+
+async def run_eval(cfg: Config) -> dict[str, Any]:
+    """Evaluate `cfg.model.path` on the held-out split of `cfg.data`."""
+    model_path = str(resolve_model_path(cfg.model.path))
+    tokenizer = load_tokenizer(model_path)
+    _, tasks = build_tasks(cfg.data, cfg.run.seed)
+    if cfg.eval.size:
+        tasks = tasks[: cfg.eval.size]
+    engine = build_engine(cfg, model_path, tokenizer)
+    reward = build_reward(cfg.reward)
+    try:
+        result = await evaluate(
+            engine,
+            PromptRenderer(tokenizer, cfg.data.system_prompt),
+            reward,
+            tasks,
+            k=cfg.eval.k,
+            temperature=cfg.eval.temperature,
+            max_new_tokens=cfg.eval.max_response_tokens or cfg.orchestrator.max_response_tokens,
+            seed=cfg.run.seed + 7919,
+        )
+    finally:
+        await engine.close()
+        close = getattr(reward, "close", None)
+        if close is not None:
+            close()
+    result["model"] = model_path
+    return result
+
+
+async def generate_text(
+    model: str, prompt: str, n: int, temperature: float, max_new_tokens: int, seed: int | None
+) -> list[str]:
+    from temper.config import config_from_dict
+    from temper.data.base import Task
+
+    cfg = config_from_dict({"model": {"path": model}})
+    model_path = str(resolve_model_path(cfg.model.path))
+    tokenizer = load_tokenizer(model_path)
+    engine = build_engine(cfg, model_path, tokenizer)
+    try:
+        task = Task(id="cli", prompt=prompt)
+        ids, _ = PromptRenderer(tokenizer).render(task)
+        check_prompt_fits(task, ids, engine.max_context, max_new_tokens)
+        params = SamplingParams(
+            n=n, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed
+        )
+        result = await engine.generate(ids, params)
+    finally:
+        await engine.close()
+    return [tokenizer.decode(s.token_ids, skip_special_tokens=True) for s in result.samples]

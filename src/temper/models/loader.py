@@ -1,0 +1,53 @@
+"""Loading causal language models and their tokenizers from a directory.
+
+A model path is either the alias `tiny` / `builtin:tiny` (the built-in tiny
+chat model shipped in `temper/models/tiny/`) or a directory holding a Hugging
+Face causal LM (`config.json`, weights, tokenizer files). Anything else raises
+`ModelLoadError` with a one-line message naming the path.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers.tokenization_utils_base import PreTrainedTokenizerBase
+
+from temper.errors import ModelLoadError
+
+TINY_DIR = Path(__file__).resolve().parent / "tiny"
+ALIASES: dict[str, Path] = {"tiny": TINY_DIR, "builtin:tiny": TINY_DIR}
+
+
+def resolve_model_path(path: str | Path) -> Path:
+    """The directory for a model path or alias; raises ModelLoadError if it is missing."""
+    text = str(path)
+    if text in ALIASES:
+        resolved = ALIASES[text]
+        if not (resolved / "config.json").is_file():
+            raise ModelLoadError(f"built-in model {text!r} is missing its files at {resolved}")
+        return resolved
+    resolved = Path(text).expanduser()
+    if not resolved.is_dir():
+        raise ModelLoadError(f"model path {text!r} does not exist or is not a directory")
+    return resolved
+
+
+def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
+    """The tokenizer (with its chat template) stored at a model path or alias."""
+    directory = resolve_model_path(path)
+    try:
+        return AutoTokenizer.from_pretrained(directory)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot load a tokenizer from {str(path)!r}: {exc}") from exc
+
+
+def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
+    """The causal LM stored at a model path or alias, in eval mode, with `dtype` weights."""
+    directory = resolve_model_path(path)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot load a causal LM from {str(path)!r}: {exc}") from exc
+    return model.eval()

@@ -1,0 +1,80 @@
+"""Build the run's components from a Config."""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import torch
+
+from temper.config import Config
+from temper.config.schema import DataConfig, RewardConfig
+from temper.data.base import Task
+from temper.data.sampler import ListSampler, ProceduralSampler, TaskSampler
+from temper.errors import DataError
+from temper.rewards.base import Reward
+
+
+def build_tasks(cfg: DataConfig, seed: int) -> tuple[TaskSampler, list[Task]]:
+    """(training sampler, held-out eval tasks)."""
+    if cfg.type == "arithmetic":
+        from temper.data.arithmetic import ArithmeticTasks
+
+        gen = ArithmeticTasks(levels=tuple(cfg.levels), seed=seed)
+        return ProceduralSampler(gen, seed), gen.heldout(cfg.eval_size)
+    from temper.data.datasets import load_tasks
+
+    kwargs: dict[str, Any] = dict(
+        prompt_field=cfg.prompt_field,
+        answer_field=cfg.answer_field,
+        id_field=cfg.id_field,
+        category_field=cfg.category_field,
+        answer_extractor=cfg.answer_extractor,
+    )
+    train = load_tasks(cfg.path, **kwargs)
+    if cfg.eval_path:
+        heldout = load_tasks(cfg.eval_path, **kwargs)[: cfg.eval_size]
+    else:
+        order = list(range(len(train)))
+        random.Random(seed).shuffle(order)
+        n_eval = min(cfg.eval_size, len(train) // 5)
+        if n_eval == 0 or len(train) - n_eval == 0:
+            raise DataError(
+                f"dataset {cfg.path} has {len(train)} rows: too few to split off a held-out "
+                "set; set data.eval_path"
+            )
+        heldout = [train[i] for i in order[:n_eval]]
+        train = [train[i] for i in order[n_eval:]]
+    return ListSampler(train, seed), heldout
+
+
+def build_reward(cfg: RewardConfig) -> Reward:
+    from temper.rewards.combine import WeightedSum
+    from temper.rewards.format_reward import FormatReward
+    from temper.rewards.math_verify_reward import MathVerifyReward
+    from temper.rewards.trl_adapter import TRLRewardFunction, load_reward_function
+
+    parts: list[tuple[Reward, float]] = []
+    for comp in cfg.components:
+        if comp.type == "math":
+            r: Reward = MathVerifyReward(timeout_s=cfg.timeout_s, workers=cfg.workers)
+        elif comp.type == "format":
+            r = FormatReward(comp.pattern) if comp.pattern else FormatReward()
+        else:
+            assert comp.function is not None
+            r = TRLRewardFunction(load_reward_function(comp.function))
+        parts.append((r, comp.weight))
+    return WeightedSum(parts, on_error=cfg.on_error)
+
+
+def torch_dtype(name: str) -> torch.dtype:
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+
+
+def build_engine(cfg: Config, model_path: str, tokenizer: Any) -> Any:
+    from temper.engine import build_engine as make
+    from temper.models import load_model
+
+    model = load_model(model_path, dtype=torch_dtype(cfg.model.dtype))
+    opts = {"max_slots": cfg.engine.max_slots} if cfg.engine.type == "native" else {}
+    return make(cfg.engine.type, model, tokenizer, **opts)

@@ -1,0 +1,278 @@
+"""The synchronous RL loop.
+
+Each step: sample prompts → generate a group per prompt → score → advantages →
+update the policy → publish the new weights to the engine as version step.
+Evaluates at the start, every `eval.every` steps and at the end; checkpoints
+atomically; writes metrics, sampled trajectories and the report into the run
+directory. A resumed run continues exactly where the checkpoint left off.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from temper.algos import compute_advantages
+from temper.config import Config
+from temper.data.base import Task
+from temper.engine.base import SamplingParams
+from temper.eval.harness import evaluate
+from temper.models import load_model, load_tokenizer, resolve_model_path
+from temper.monitor.progress import RunProgress
+from temper.monitor.report import write_report
+from temper.monitor.sinks import JsonlSink, truncate_jsonl_after_step
+from temper.orchestrator.build import build_engine, build_reward, build_tasks
+from temper.orchestrator.run_dir import RunDir
+from temper.rollout.scoring import score_trajectories
+from temper.rollout.single_turn import PromptRenderer, check_prompt_fits, rollout_groups
+from temper.rollout.trajectory import Trajectory
+from temper.trainer.checkpoint import (
+    list_checkpoints,
+    load_checkpoint_state,
+    save_checkpoint,
+    set_rng_state,
+)
+from temper.trainer.policy_trainer import PolicyTrainer
+
+
+def assign_advantages(
+    groups: list[list[Trajectory]], estimator: str, drop_zero_variance: bool
+) -> tuple[list[Trajectory], int]:
+    """Set `advantage` on each trajectory; returns (kept trajectories, dropped groups).
+
+    Groups are computed per group size (all groups here share one size).
+    Trajectories whose reward is NaN (scoring failed with on_error="drop") are
+    removed from their group first.
+    """
+    kept: list[Trajectory] = []
+    dropped = 0
+    usable = []
+    for g in groups:
+        g = [t for t in g if not math.isnan(t.reward)]
+        if len(g) < 2 or (drop_zero_variance and len({t.reward for t in g}) == 1):
+            dropped += 1
+            continue
+        usable.append(g)
+    by_size: dict[int, list[list[Trajectory]]] = {}
+    for g in usable:
+        by_size.setdefault(len(g), []).append(g)
+    for gs in by_size.values():
+        rewards = torch.tensor([[t.reward for t in g] for g in gs], dtype=torch.float32)
+        adv = compute_advantages(estimator, rewards)
+        for gi, g in enumerate(gs):
+            for ti, t in enumerate(g):
+                t.advantage = float(adv[gi, ti])
+                kept.append(t)
+    return kept, dropped
+
+
+def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
+    rewards = torch.tensor([t.reward for t in trajs if not math.isnan(t.reward)] or [0.0])
+    lengths = [len(t.response_ids) for t in trajs]
+    out = {
+        "reward_mean": float(rewards.mean()),
+        "reward_std": float(rewards.std(unbiased=False)),
+        "accuracy": sum(bool(t.correct) for t in trajs) / max(len(trajs), 1),
+        "response_len_mean": sum(lengths) / max(len(lengths), 1),
+        "response_len_max": float(max(lengths, default=0)),
+        "truncated_frac": sum(t.truncated for t in trajs) / max(len(trajs), 1),
+        "tokens_generated": float(sum(lengths)),
+    }
+    names = {n for t in trajs for n in t.reward_components}
+    for name in sorted(names):
+        vals = [t.reward_components[name] for t in trajs if name in t.reward_components]
+        out[f"reward/{name}"] = sum(vals) / len(vals)
+    return out
+
+
+class SyncOrchestrator:
+    """Owns one run: its components, its loop and its run directory."""
+
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        if cfg.run.threads:
+            torch.set_num_threads(cfg.run.threads)
+        self.run_dir = RunDir.prepare(cfg)
+        self.start_step = 0
+        model_path = str(resolve_model_path(cfg.model.path))
+        ckpts = list_checkpoints(self.run_dir.checkpoints) if cfg.run.resume else []
+        if ckpts:
+            model_path = str(ckpts[-1])
+        torch.manual_seed(cfg.run.seed)
+        self.tokenizer = load_tokenizer(model_path)
+        self.sampler, self.eval_tasks = build_tasks(cfg.data, cfg.run.seed)
+        self.renderer = PromptRenderer(self.tokenizer, cfg.data.system_prompt)
+        self.reward = build_reward(cfg.reward)
+        self.model = load_model(model_path, dtype=torch.float32)
+        ref = None
+        if cfg.algo.kl_coef > 0:
+            ref = load_model(str(resolve_model_path(cfg.model.path)), dtype=torch.float32)
+        pad = self.tokenizer.pad_token_id
+        self.trainer = PolicyTrainer(
+            self.model,
+            cfg.trainer,
+            cfg.algo,
+            cfg.orchestrator.steps,
+            pad_id=pad if pad is not None else 0,
+            ref_model=ref,
+        )
+        self.engine = build_engine(cfg, model_path, self.tokenizer)
+        self._check_prompts_fit()
+        if ckpts:
+            self._restore(ckpts[-1])
+        self.metrics = JsonlSink(self.run_dir.metrics)
+        self.events = JsonlSink(self.run_dir.events)
+
+    def _check_prompts_fit(self) -> None:
+        """Fail before any work if a dataset prompt cannot fit in the context."""
+        tasks = list(self.eval_tasks)
+        tasks += getattr(self.sampler, "tasks", [])
+        for task in tasks:
+            ids, _ = self.renderer.render(task)
+            check_prompt_fits(task, ids, self.engine.max_context, 1)
+
+    def _restore(self, ckpt: Path) -> None:
+        state, trainer_state, rng = load_checkpoint_state(ckpt)
+        self.trainer.load_state_dict(trainer_state)
+        self.sampler.load_state_dict(state["sampler"])
+        set_rng_state(rng)
+        self.start_step = int(state["step"])
+        self.engine.version = int(state["version"])
+        truncate_jsonl_after_step(self.run_dir.metrics, self.start_step)
+        truncate_jsonl_after_step(self.run_dir.events, self.start_step)
+        self.run_dir.drop_after(self.start_step)
+
+    def _sampling(self) -> SamplingParams:
+        o = self.cfg.orchestrator
+        return SamplingParams(
+            n=o.group_size,
+            temperature=o.temperature,
+            top_p=o.top_p,
+            top_k=o.top_k,
+            max_new_tokens=o.max_response_tokens,
+        )
+
+    async def evaluate(self, step: int) -> dict[str, Any]:
+        e = self.cfg.eval
+        tasks = self.eval_tasks[: e.size] if e.size else self.eval_tasks
+        result = await evaluate(
+            self.engine,
+            self.renderer,
+            self.reward,
+            tasks,
+            k=e.k,
+            temperature=e.temperature,
+            max_new_tokens=e.max_response_tokens or self.cfg.orchestrator.max_response_tokens,
+            seed=self.cfg.run.seed + 7919,
+        )
+        self.run_dir.write_eval(step, result)
+        return result
+
+    async def train_step(self, step: int) -> dict[str, Any]:
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        tasks: list[Task] = self.sampler.sample(cfg.orchestrator.prompts_per_step)
+        groups = await rollout_groups(
+            self.engine, self.renderer, tasks, self._sampling(), seed=cfg.run.seed * 1_000_003 + step
+        )
+        flat = [t for g in groups for t in g]
+        t1 = time.perf_counter()
+        failures = await score_trajectories(self.reward, {t.id: t for t in tasks}, flat)
+        t2 = time.perf_counter()
+        kept, dropped = assign_advantages(
+            groups, cfg.algo.advantage, cfg.orchestrator.drop_zero_variance_groups
+        )
+        train_stats = self.trainer.train_step(kept) if kept else {}
+        t3 = time.perf_counter()
+        if kept:
+            self.engine.update_weights(self.trainer.engine_state_dict(), version=step)
+        t4 = time.perf_counter()
+        m: dict[str, Any] = {"step": step, **rollout_metrics(flat), **train_stats}
+        m.update(
+            groups_kept=len(groups) - dropped,
+            groups_dropped=dropped,
+            reward_errors=failures,
+            policy_version=self.engine.version,
+            time_generate_s=t1 - t0,
+            time_reward_s=t2 - t1,
+            time_train_s=t3 - t2,
+            time_weight_sync_s=t4 - t3,
+            time_step_s=t4 - t0,
+            gen_tokens_per_s=m["tokens_generated"] / max(t1 - t0, 1e-9),
+        )
+        n_keep = cfg.log.trajectories_per_step
+        if n_keep:
+            stride = max(1, len(flat) // n_keep)
+            self.run_dir.write_trajectories(step, flat[::stride][:n_keep])
+        if failures:
+            self.events.write({"step": step, "kind": "reward_errors", "count": failures})
+        return m
+
+    def checkpoint(self, step: int) -> None:
+        save_checkpoint(
+            self.run_dir.checkpoints,
+            step,
+            self.model,
+            self.tokenizer,
+            self.trainer.state_dict(),
+            {"version": self.engine.version, "sampler": self.sampler.state_dict()},
+            keep=self.cfg.checkpoint.keep,
+        )
+
+    async def run(self) -> dict[str, Any]:
+        """Train to `orchestrator.steps`; returns the final eval (or {})."""
+        cfg = self.cfg
+        steps = cfg.orchestrator.steps
+        last_eval: dict[str, Any] = {}
+        started = time.perf_counter()
+        with RunProgress(steps, self.start_step, enabled=cfg.log.progress) as progress:
+            if cfg.eval.at_start and self.start_step == 0:
+                last_eval = await self.evaluate(0)
+                progress.log(_eval_line(0, last_eval))
+            step = self.start_step
+            for step in range(self.start_step + 1, steps + 1):
+                m = await self.train_step(step)
+                self.metrics.write(m)
+                progress.update(step, m)
+                if cfg.eval.every and step % cfg.eval.every == 0 and step != steps:
+                    last_eval = await self.evaluate(step)
+                    progress.log(_eval_line(step, last_eval))
+                if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
+                    self.checkpoint(step)
+                budget = cfg.orchestrator.max_seconds
+                if budget and time.perf_counter() - started > budget:
+                    self.events.write({"step": step, "kind": "time_budget_reached"})
+                    progress.log(f"time budget of {budget:.0f}s reached at step {step}")
+                    break
+            if cfg.eval.at_end and step > self.start_step:
+                last_eval = await self.evaluate(step)
+                progress.log(_eval_line(step, last_eval))
+            if cfg.checkpoint.at_end and step > self.start_step:
+                self.checkpoint(step)
+        write_report(self.run_dir.path)
+        return last_eval
+
+    async def close(self) -> None:
+        self.metrics.close()
+        self.events.close()
+        await self.engine.close()
+        close = getattr(self.reward, "close", None)
+        if close is not None:
+            res = close()
+            if hasattr(res, "__await__"):
+                await res
+
+
+def _eval_line(step: int, result: dict[str, Any]) -> str:
+    parts = [f"eval step {step}:"]
+    for key in ("accuracy", "pass@1", f"pass@{result.get('k')}", f"mean@{result.get('k')}"):
+        if key in result:
+            parts.append(f"{key} {result[key]:.3f}")
+    return "  ".join(parts)
+
+
+__all__ = ["SyncOrchestrator", "assign_advantages"]

@@ -1,0 +1,215 @@
+"""Use TRL-style reward functions as Temper rewards, and load them by name.
+
+A TRL reward function is called as `fn(prompts=[...], completions=[...], **columns)`
+and returns one float (or None) per completion. See `TRLRewardFunction`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import importlib
+import importlib.util
+import inspect
+import math
+import numbers
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from temper.errors import TemperError
+from temper.rewards.base import RewardInput, RewardResult
+
+#: Column names never passed through: TRL reserves them for its own arguments.
+_RESERVED = frozenset({"prompt", "completion", "completion_ids", "prompts", "completions"})
+
+
+def _one_line(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"
+
+
+def _accepted_names(fn: Callable[..., Any]) -> tuple[set[str] | None, set[str]]:
+    """(names fn accepts by keyword, or None if it takes **kwargs; names it requires)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return None, set()
+    keyword = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    required = {p.name for p in params if p.kind in keyword and p.default is p.empty}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+        return None, required
+    return {p.name for p in params if p.kind in keyword}, required
+
+
+class TRLRewardFunction:
+    """Wraps `fn(prompts, completions, **dataset_columns) -> list[float | None]` unchanged.
+
+    For each batch, `fn` gets keyword arguments as TRL's GRPOTrainer passes them:
+      - `prompts`: each task's prompt as in the dataset (a string, or a list of chat
+        messages);
+      - `completions`: the completion text, or `[{"role": "assistant", "content": text}]`
+        when the prompt is a list of messages (TRL's conversational format);
+      - one list per dataset column in `task.columns` (None where a task lacks it);
+      - `answer` and `solution`: each task's reference answer, unless a column has
+        that name.
+    Arguments `fn` does not accept are left out when it has no `**kwargs`.
+
+    `fn` may be sync or async. A sync `fn` runs in the event loop's thread (as in
+    TRL) unless `run_in_thread=True`. The result must be a sequence with one number
+    per completion, else TemperError. A None or NaN entry, or an exception raised by
+    `fn`, is recorded in that result's `error` with score `failure_score`.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        name: str | None = None,
+        *,
+        failure_score: float = 0.0,
+        run_in_thread: bool = False,
+    ) -> None:
+        if not callable(fn):
+            raise TemperError(f"reward function must be callable, got {type(fn).__name__}")
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", type(fn).__name__)
+        self.failure_score = failure_score
+        self.run_in_thread = run_in_thread
+        self._accepts, self._requires = _accepted_names(fn)
+
+    def arguments(self, inputs: list[RewardInput]) -> dict[str, list[Any]]:
+        """The keyword arguments `fn` is called with for this batch."""
+        prompts: list[Any] = []
+        completions: list[Any] = []
+        for item in inputs:
+            prompt = item.task.prompt
+            prompts.append(prompt)
+            if isinstance(prompt, list):
+                completions.append([{"role": "assistant", "content": item.completion_text}])
+            else:
+                completions.append(item.completion_text)
+        kwargs: dict[str, list[Any]] = {"prompts": prompts, "completions": completions}
+        keys = dict.fromkeys(k for item in inputs for k in item.task.columns if k not in _RESERVED)
+        for key in keys:
+            kwargs[key] = [item.task.columns.get(key) for item in inputs]
+        for key in ("answer", "solution"):
+            kwargs.setdefault(key, [item.task.answer for item in inputs])
+        missing = self._requires - kwargs.keys()
+        if missing:
+            raise TemperError(
+                f"reward function {self.name!r} needs argument(s) {sorted(missing)} that are not "
+                f"dataset columns (it can get: {sorted(kwargs)})"
+            )
+        if self._accepts is not None:
+            kwargs = {k: v for k, v in kwargs.items() if k in self._accepts}
+        return kwargs
+
+    async def score(self, inputs: list[RewardInput]) -> list[RewardResult]:
+        """Call `fn` once on the whole batch and turn its floats into results."""
+        if not inputs:
+            return []
+        kwargs = self.arguments(inputs)
+        try:
+            if self.run_in_thread and not inspect.iscoroutinefunction(self.fn):
+                out = await asyncio.to_thread(self.fn, **kwargs)
+            else:
+                out = self.fn(**kwargs)
+            if inspect.isawaitable(out):
+                out = await out
+        except Exception as exc:
+            error = f"reward function {self.name!r} raised {_one_line(exc)}"
+            return [self._failure(error) for _ in inputs]
+        return [self._result(v) for v in self._validate(out, len(inputs))]
+
+    def _validate(self, out: Any, count: int) -> list[float | None]:
+        if hasattr(out, "tolist"):  # numpy arrays, torch tensors
+            out = out.tolist()
+        if not isinstance(out, list | tuple):
+            raise TemperError(
+                f"reward function {self.name!r} must return a list of floats, "
+                f"got {type(out).__name__}"
+            )
+        if len(out) != count:
+            raise TemperError(
+                f"reward function {self.name!r} returned {len(out)} values for {count} completions"
+            )
+        values: list[float | None] = []
+        for i, value in enumerate(out):
+            if value is None:
+                values.append(None)
+            elif isinstance(value, numbers.Real):
+                values.append(None if math.isnan(value) else float(value))
+            else:
+                raise TemperError(
+                    f"reward function {self.name!r} returned a {type(value).__name__} at "
+                    f"index {i}; expected a number or None"
+                )
+        return values
+
+    def _result(self, value: float | None) -> RewardResult:
+        if value is None:
+            return self._failure(f"reward function {self.name!r} returned None or NaN")
+        return RewardResult(score=value, components={self.name: value})
+
+    def _failure(self, error: str) -> RewardResult:
+        return RewardResult(
+            score=self.failure_score, components={self.name: self.failure_score}, error=error
+        )
+
+
+def load_reward_function(spec: str) -> Callable[..., Any]:
+    """Import a function from `"package.module:function"` or `"path/to/file.py:function"`.
+
+    The part after the colon may be dotted (`module:Class.method`). Raises a
+    TemperError naming the spec when the module or file cannot be imported, the
+    attribute is missing, or it is not callable.
+    """
+    module_part, sep, attr = spec.rpartition(":")
+    if not sep or not module_part or not attr:
+        raise TemperError(
+            f"reward function {spec!r} must look like 'package.module:function' "
+            "or 'path/to/file.py:function'"
+        )
+    if module_part.endswith(".py") or "/" in module_part or "\\" in module_part:
+        module = _import_file(Path(module_part), spec)
+    else:
+        try:
+            module = importlib.import_module(module_part)
+        except Exception as exc:
+            raise TemperError(
+                f"cannot import module {module_part!r} for reward function {spec!r}: {_one_line(exc)}"
+            ) from exc
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise TemperError(
+                f"reward function {spec!r}: {module_part!r} has no attribute {attr!r}"
+            )
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise TemperError(f"reward function {spec!r} is a {type(obj).__name__}, not a function")
+    return obj
+
+
+def _import_file(path: Path, spec: str) -> Any:
+    """Import a Python file as a module (registered in sys.modules under a unique name)."""
+    if not path.is_file():
+        raise TemperError(f"reward function {spec!r}: file {str(path)!r} not found")
+    resolved = path.resolve()
+    digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:10]
+    name = f"_temper_reward_{resolved.stem}_{digest}"
+    if name in sys.modules:
+        return sys.modules[name]
+    module_spec = importlib.util.spec_from_file_location(name, resolved)
+    if module_spec is None or module_spec.loader is None:
+        raise TemperError(f"reward function {spec!r}: cannot load {str(path)!r} as Python")
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[name]
+        raise TemperError(
+            f"reward function {spec!r}: importing {str(path)!r} failed: {_one_line(exc)}"
+        ) from exc
+    return module

@@ -1,0 +1,100 @@
+"""Single-turn rollouts: one prompt, a group of sampled completions.
+
+The prompt is rendered once through the tokenizer's chat template; the engine
+gets those ids and returns sampled ids, which become the trajectory unchanged.
+Multi-turn episodes (envs) build on the same `Trajectory`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from typing import Any
+
+from temper.data.base import Task
+from temper.engine.base import Engine, SamplingParams
+from temper.errors import PromptTooLongError
+from temper.rollout.trajectory import Trajectory
+
+
+class PromptRenderer:
+    """Turns a Task into prompt token ids via the chat template."""
+
+    def __init__(self, tokenizer: Any, system_prompt: str | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.system_prompt = system_prompt
+
+    def render(self, task: Task) -> tuple[list[int], str]:
+        messages = task.messages()
+        if self.system_prompt and not any(m.get("role") == "system" for m in messages):
+            messages = [{"role": "system", "content": self.system_prompt}, *messages]
+        text = self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False
+        )
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return list(ids), text
+
+
+def check_prompt_fits(
+    task: Task, prompt_ids: list[int], max_context: int, max_new_tokens: int
+) -> None:
+    """Raise PromptTooLongError when the prompt leaves no room to generate."""
+    if len(prompt_ids) >= max_context:
+        raise PromptTooLongError(
+            f"task {task.id}: prompt is {len(prompt_ids)} tokens, longer than the model "
+            f"context ({max_context} tokens)"
+        )
+    del max_new_tokens  # generation past the context stops with finish_reason "length"
+
+
+async def rollout_group(
+    engine: Engine,
+    tokenizer: Any,
+    task: Task,
+    prompt_ids: list[int],
+    prompt_text: str,
+    params: SamplingParams,
+    group_id: int,
+) -> list[Trajectory]:
+    result = await engine.generate(prompt_ids, params)
+    trajs = []
+    for sample in result.samples:
+        n = len(sample.token_ids)
+        versions = sample.policy_versions or [engine.version] * n
+        trajs.append(
+            Trajectory(
+                task_id=task.id,
+                group_id=group_id,
+                prompt_ids=list(prompt_ids),
+                response_ids=list(sample.token_ids),
+                loss_mask=[1] * n,
+                behaviour_logprobs=list(sample.logprobs),
+                versions=list(versions),
+                finish_reason=sample.finish_reason,
+                prompt_text=prompt_text,
+                response_text=tokenizer.decode(sample.token_ids, skip_special_tokens=True),
+                category=task.category,
+            )
+        )
+    return trajs
+
+
+async def rollout_groups(
+    engine: Engine,
+    renderer: PromptRenderer,
+    tasks: list[Task],
+    params: SamplingParams,
+    seed: int | None = None,
+) -> list[list[Trajectory]]:
+    """Generate one group per task, all submitted together to the engine.
+
+    When `seed` is set, task i samples with seed `seed * 100003 + i`, so results
+    do not depend on scheduling.
+    """
+    coros = []
+    for i, task in enumerate(tasks):
+        ids, text = renderer.render(task)
+        check_prompt_fits(task, ids, engine.max_context, params.max_new_tokens)
+        p = params if seed is None else replace(params, seed=seed * 100003 + i)
+        coros.append(rollout_group(engine, renderer.tokenizer, task, ids, text, p, i))
+    return list(await asyncio.gather(*coros))

@@ -1,0 +1,58 @@
+"""Trajectory: the exact tokens of one episode, as the trainer will see them.
+
+Token-in/token-out: `prompt_ids` are the ids the engine was given and
+`response_ids` everything after them — sampled tokens and, in multi-turn
+episodes, observation tokens appended between turns. `loss_mask[i]` is 1 only
+for tokens the policy sampled; `behaviour_logprobs[i]` and `versions[i]` are the
+engine's logprob and weight version for sampled tokens (0.0 / -1 elsewhere).
+Nothing here is ever re-tokenised from text.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass
+class Trajectory:
+    task_id: str
+    group_id: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    loss_mask: list[int]
+    behaviour_logprobs: list[float]
+    versions: list[int]
+    finish_reason: str
+    prompt_text: str = ""
+    response_text: str = ""
+    category: str = "default"
+    reward: float = 0.0
+    reward_components: dict[str, float] = field(default_factory=dict)
+    reward_error: str | None = None
+    correct: bool | None = None
+    advantage: float = 0.0
+
+    def __post_init__(self) -> None:
+        n = len(self.response_ids)
+        if not (len(self.loss_mask) == len(self.behaviour_logprobs) == len(self.versions) == n):
+            raise ValueError(
+                f"trajectory {self.task_id}: response_ids, loss_mask, behaviour_logprobs and "
+                f"versions must have equal length, got {n}, {len(self.loss_mask)}, "
+                f"{len(self.behaviour_logprobs)}, {len(self.versions)}"
+            )
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.response_ids)
+
+    @property
+    def num_policy_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+    @property
+    def truncated(self) -> bool:
+        return self.finish_reason == "length"
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,1 @@
+"""temper.weights"""

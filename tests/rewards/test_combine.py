@@ -1,0 +1,90 @@
+"""WeightedSum: weighting, component logging, error policies."""
+
+import asyncio
+import math
+
+import pytest
+
+from temper.data.base import Task
+from temper.errors import ConfigError
+from temper.rewards import BoxedFormatReward, RewardInput, RewardResult, WeightedSum
+
+
+class Scripted:
+    """A reward that returns the given results, one per input."""
+
+    def __init__(self, name: str, results: list[RewardResult]) -> None:
+        self.name = name
+        self.results = results
+
+    async def score(self, inputs: list[RewardInput]) -> list[RewardResult]:
+        return self.results[: len(inputs)]
+
+
+INPUTS = [
+    RewardInput(Task(id="a", prompt="q"), "q", "\\boxed{1}"),
+    RewardInput(Task(id="b", prompt="q"), "q", "no box"),
+]
+ACC = Scripted(
+    "accuracy",
+    [
+        RewardResult(score=1.0, components={"accuracy": 1.0}, correct=True),
+        RewardResult(score=0.0, components={"accuracy": 0.0}, error="timeout after 10s"),
+    ],
+)
+
+
+def test_weighted_total_and_components():
+    out = asyncio.run(WeightedSum([(ACC, 1.0), (BoxedFormatReward(), 0.5)]).score(INPUTS))
+    assert out[0].score == 1.5
+    assert out[0].components == {"accuracy": 1.0, "boxed_format": 1.0}
+    assert out[0].correct is True and out[0].error is None
+
+
+def test_on_error_zero_records_and_counts_zero():
+    out = asyncio.run(WeightedSum([(ACC, 2.0), (BoxedFormatReward(), 0.5)]).score(INPUTS))[1]
+    assert out.score == 0.0
+    assert out.error == "accuracy: timeout after 10s"
+    assert out.components == {"accuracy": 0.0, "boxed_format": 0.0}
+    assert out.correct is None
+
+
+def test_on_error_drop_gives_nan_and_joins_errors():
+    other = Scripted(
+        "judge", [RewardResult(score=0.3), RewardResult(score=0.0, error="judge unreachable")]
+    )
+    out = asyncio.run(WeightedSum([(ACC, 1.0), (other, 1.0)], on_error="drop").score(INPUTS))
+    assert out[0].score == pytest.approx(1.3) and out[0].error is None
+    assert math.isnan(out[1].score)
+    assert out[1].error == "accuracy: timeout after 10s; judge: judge unreachable"
+    assert math.isnan(out[1].components["accuracy"])
+
+
+def test_nested_components_are_prefixed():
+    inner = WeightedSum([(ACC, 1.0), (BoxedFormatReward(), 1.0)], name="inner")
+    out = asyncio.run(WeightedSum([(inner, 0.5)]).score(INPUTS))[0]
+    assert out.score == 1.0
+    assert out.components == {"inner": 2.0, "inner/accuracy": 1.0, "inner/boxed_format": 1.0}
+
+
+def test_bad_configuration():
+    with pytest.raises(ConfigError, match="unique"):
+        WeightedSum([(ACC, 1.0), (ACC, 1.0)])
+    with pytest.raises(ConfigError, match="on_error"):
+        WeightedSum([(ACC, 1.0)], on_error="skip")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="finite"):
+        WeightedSum([(ACC, math.inf)])
+    with pytest.raises(ConfigError, match="at least one"):
+        WeightedSum([])
+
+
+def test_close_reaches_components():
+    closed = []
+
+    class Closable(Scripted):
+        def close(self) -> None:
+            closed.append(self.name)
+
+    with WeightedSum([(Closable("a", []), 1.0), (BoxedFormatReward(), 1.0)]):
+        pass
+    assert closed == ["a"]
