@@ -2,17 +2,20 @@
 
 Same model, same prompts, in one process: 64 prompts of 8-32 tokens, 64 new
 tokens each, temperature 1.0 with no top-k/top-p, end-of-sequence ignored, fp32,
-2 CPU threads. The model is the built-in tiny model when
-`src/temper/models/tiny/` holds one, else a seeded random Llama of about 3M
-parameters (hidden 256, 4 layers, 4 heads, vocab 1024).
+2 CPU threads (`--threads`). The model is the HF model directory given by
+`--model`, else the built-in tiny model when `src/temper/models/tiny/` holds
+one, else a seeded random Llama of about 3M parameters (hidden 256, 4 layers,
+4 heads, vocab 1024).
 
 HF runs one batched `model.generate` call (left padding). The native engine gets
 the 64 prompts as 64 concurrent `generate` requests (n=1 each), i.e. through its
 scheduler, the way a rollout uses it. After a warmup of each, the two are timed
 alternately `--reps` times. Prints one JSON line; `ratio` is the median native
-tokens/s over the median HF tokens/s (higher is better for Temper).
+tokens/s over the median HF tokens/s (higher is better for Temper). On a shared
+machine wall time swings with the load; `cpu_ratio` (HF process CPU seconds
+over native process CPU seconds, medians) is steadier.
 
-    .venv/bin/python benchmarks/engine_vs_hf.py
+    .venv/bin/python benchmarks/engine_vs_hf.py [--model PATH]
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import resource
 import statistics
 import time
 from pathlib import Path
@@ -33,11 +38,15 @@ from temper.engine.native import NativeEngine
 TINY_DIR = Path(__file__).resolve().parents[1] / "src" / "temper" / "models" / "tiny"
 
 
-def load_model() -> tuple[PreTrainedModel, str]:
-    """The built-in tiny model if present, else a seeded random ~3M-parameter Llama."""
-    if (TINY_DIR / "config.json").is_file():
-        from transformers import AutoModelForCausalLM
+def load_model(path: str | None = None) -> tuple[PreTrainedModel, str]:
+    """The model at ``path`` if given, else the built-in tiny model if present, else a
+    seeded random ~3M-parameter Llama."""
+    from transformers import AutoModelForCausalLM
 
+    if path is not None:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        return model.eval(), f"path:{path}"
+    if (TINY_DIR / "config.json").is_file():
         model = AutoModelForCausalLM.from_pretrained(TINY_DIR, dtype=torch.float32)
         return model.eval(), "builtin:tiny"
     torch.manual_seed(0)
@@ -114,26 +123,38 @@ def time_native(engine: NativeEngine, prompts: list[list[int]], new_tokens: int,
     return asyncio.run(run())
 
 
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument(
+        "--model", default=None, help="HF model dir (default: the built-in tiny model, if shipped)"
+    )
     args = parser.parse_args()
 
     torch.set_num_threads(args.threads)
-    model, name = load_model()
+    model, name = load_model(args.model)
     prompts = make_prompts(args.batch, model.config.vocab_size)
     engine = NativeEngine(model, max_slots=max(256, args.batch))
     tokens = args.batch * args.new_tokens
 
     time_hf(model, prompts, args.new_tokens)  # warmup
     time_native(engine, prompts, args.new_tokens, rep=0)
-    hf_s, native_s = [], []
+    hf_s, native_s, hf_cpu, native_cpu = [], [], [], []
     for rep in range(args.reps):
+        start = cpu_seconds()
         hf_s.append(time_hf(model, prompts, args.new_tokens))
+        hf_cpu.append(cpu_seconds() - start)
+        start = cpu_seconds()
         native_s.append(time_native(engine, prompts, args.new_tokens, rep=rep + 1))
+        native_cpu.append(cpu_seconds() - start)
     hf_tok_s = tokens / statistics.median(hf_s)
     native_tok_s = tokens / statistics.median(native_s)
     print(
@@ -143,6 +164,7 @@ def main() -> None:
                 "hf_tok_s": round(hf_tok_s, 1),
                 "ratio": round(native_tok_s / hf_tok_s, 3),
                 "best_ratio": round(min(hf_s) / min(native_s), 3),
+                "cpu_ratio": round(statistics.median(hf_cpu) / statistics.median(native_cpu), 3),
                 "model": name,
                 "params": sum(p.numel() for p in model.parameters()),
                 "batch": args.batch,
@@ -151,6 +173,7 @@ def main() -> None:
                 "threads": args.threads,
                 "native_s": [round(s, 4) for s in native_s],
                 "hf_s": [round(s, 4) for s in hf_s],
+                "load_avg_1m": round(os.getloadavg()[0], 2),
             }
         )
     )

@@ -1,8 +1,8 @@
 """Rebuild the built-in tiny chat model from scratch on CPU.
 
 Steps: draw a synthetic chat corpus (see `tiny_corpus.py`), train a byte-level
-BPE tokenizer on it (digits split one per token), pretrain a small Llama on the
-assistant tokens, save everything to `src/temper/models/tiny/`, then measure
+BPE tokenizer on it (digits split one per token), pretrain a small Llama on
+conversations packed back to back (next-token loss on every token), save everything to `src/temper/models/tiny/`, then measure
 the saved model on the held-out arithmetic split with `model.generate`:
 greedy accuracy, sampled accuracy (temperature 1), pass@8 and the share of
 well-formed responses. The numbers are printed and written to the model card.
@@ -21,6 +21,7 @@ import random
 import re
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -52,18 +53,18 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", type=Path, default=TINY_DIR)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=700)
-    p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--mistake-rate", type=float, default=0.5)
+    p.add_argument("--steps", type=int, default=4000)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--mistake-rate", type=float, default=0.6)
     p.add_argument("--vocab", type=int, default=1024)
-    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--hidden", type=int, default=192)
     p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=8)
-    p.add_argument("--intermediate", type=int, default=688)
+    p.add_argument("--heads", type=int, default=6)
+    p.add_argument("--intermediate", type=int, default=512)
     p.add_argument("--eval-n", type=int, default=300)
     p.add_argument("--eval-only", action="store_true", help="only measure the model at --out")
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)
     return p.parse_args()
 
 
@@ -110,51 +111,31 @@ def build_tokenizer(chats: list[Chat], vocab_size: int) -> PreTrainedTokenizerFa
     )
 
 
-def encode_chats(tokenizer: Any, chats: list[Chat]) -> list[tuple[list[int], list[int]]]:
-    """(input ids, assistant mask) per chat, rendered through the chat template."""
-    out = []
-    for chat in chats:
-        enc = tokenizer.apply_chat_template(
-            chat.messages,
-            tools=chat.tools,
-            tokenize=True,
-            return_dict=True,
-            return_assistant_tokens_mask=True,
-        )
-        out.append((list(enc["input_ids"]), list(enc["assistant_masks"])))
-    return out
+def render_chat(tokenizer: Any, chat: Chat) -> list[int]:
+    """Token ids of one conversation rendered through the chat template."""
+    text = tokenizer.apply_chat_template(chat.messages, tools=chat.tools, tokenize=False)
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
-def collate(rows: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-padded batch; labels are the assistant tokens, -100 elsewhere."""
-    width = max(len(ids) for ids, _ in rows)
-    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    labels = torch.full((len(rows), width), -100, dtype=torch.long)
-    attn = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (row, mask) in enumerate(rows):
-        ids[i, : len(row)] = torch.tensor(row)
-        attn[i, : len(row)] = 1
-        m = torch.tensor(mask, dtype=torch.bool)
-        labels[i, : len(row)] = torch.where(m, torch.tensor(row), torch.tensor(-100))
-    return {"input_ids": ids, "attention_mask": attn, "labels": labels}
-
-
-def make_batches(
-    data: list[tuple[list[int], list[int]]], batch: int, rng: random.Random
-) -> list[list[tuple[list[int], list[int]]]]:
-    """Batches of similar length (sorted within windows of 32 batches), in shuffled order."""
-    window = batch * 32
-    batches = []
-    for start in range(0, len(data), window):
-        chunk = sorted(data[start : start + window], key=lambda row: len(row[0]))
-        batches += [chunk[i : i + batch] for i in range(0, len(chunk), batch)]
-    rng.shuffle(batches)
-    return batches
+def packed_batches(
+    tokenizer: Any, rng: random.Random, args: argparse.Namespace
+) -> Iterator[torch.Tensor]:
+    """Endless [batch, seq+1] tensors of conversations packed back to back (no padding)."""
+    buffer: list[int] = []
+    while True:
+        rows = []
+        for _ in range(args.batch):
+            while len(buffer) < args.seq + 1:
+                chat = build_corpus(1, rng, args.direct_rate, args.mistake_rate)[0]
+                buffer += render_chat(tokenizer, chat)
+            rows.append(buffer[: args.seq + 1])
+            buffer = buffer[args.seq + 1 :]
+        yield torch.tensor(rows)
 
 
 def lr_at(step: int, total: int, peak: float) -> float:
-    """Linear warmup over 5% of steps, then cosine decay to 10% of peak."""
-    warm = max(1, total // 20)
+    """Linear warmup over 10% of steps, then cosine decay to 10% of peak."""
+    warm = max(1, total // 10)
     if step < warm:
         return peak * (step + 1) / warm
     frac = (step - warm) / max(1, total - warm)
@@ -165,12 +146,9 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     """Build corpus, tokenizer and model; train; save to args.out. Returns train stats."""
     rng = random.Random(args.seed)
     torch.manual_seed(args.seed)
-    n_chats = args.steps * args.batch
-    tokenizer = build_tokenizer(build_corpus(20000, random.Random(args.seed + 1), 0.5), args.vocab)
-    chats = build_corpus(n_chats, rng, mistake_rate=args.mistake_rate)
-    data = encode_chats(tokenizer, chats)
-    n_tokens = sum(len(ids) for ids, _ in data)
-    print(f"corpus: {n_chats} chats, {n_tokens} tokens, vocab {len(tokenizer)}", flush=True)
+    tok_corpus = build_corpus(20000, random.Random(args.seed + 1), args.direct_rate, 0.5)
+    tokenizer = build_tokenizer(tok_corpus, args.vocab)
+    print(f"tokenizer: vocab {len(tokenizer)}", flush=True)
 
     im_end = tokenizer.convert_tokens_to_ids(IM_END)
     eot = tokenizer.convert_tokens_to_ids(ENDOFTEXT)
@@ -193,28 +171,26 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     n_params = sum(p.numel() for p in model.parameters())
     print(f"model: {n_params / 1e6:.2f}M parameters", flush=True)
 
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr,
-        betas=(0.9, 0.95),
-    )
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.98), weight_decay=0.0)
     model.train()
-    batches = make_batches(data, args.batch, rng)
+    batches = packed_batches(tokenizer, rng, args)
     start = time.time()
     for step in range(args.steps):
-        batch = collate(batches[step], eot)
+        rows = next(batches)
         for group in opt.param_groups:
             group["lr"] = lr_at(step, args.steps, args.lr)
-        loss = model(**batch).loss
+        logits = model(input_ids=rows[:, :-1]).logits
+        loss = torch.nn.functional.cross_entropy(
+            logits.reshape(-1, logits.shape[-1]), rows[:, 1:].reshape(-1)
+        )
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
-        if step % 50 == 0 or step == args.steps - 1:
+        if step % 100 == 0 or step == args.steps - 1:
             print(f"step {step:4d} loss {loss.item():.4f} ({time.time() - start:.0f}s)", flush=True)
     train_s = time.time() - start
+    n_tokens = args.steps * args.batch * args.seq
 
     args.out.mkdir(parents=True, exist_ok=True)
     model.generation_config = GenerationConfig(
@@ -225,7 +201,7 @@ def train(args: argparse.Namespace) -> dict[str, Any]:
     _fix_tokenizer_config(args.out)
     for path in args.out.iterdir():
         path.chmod(0o644)
-    return {"params": n_params, "train_s": train_s, "chats": n_chats, "tokens": n_tokens}
+    return {"params": n_params, "train_s": train_s, "tokens": n_tokens}
 
 
 def _fix_tokenizer_config(out: Path) -> None:
@@ -316,6 +292,87 @@ def evaluate(out: Path, n_tasks: int, seed: int) -> dict[str, Any]:
     }
 
 
+def write_model_card(out: Path, args: argparse.Namespace, stats: dict[str, Any]) -> None:
+    """README.md next to the weights: what the model is, how it was made, what it scores."""
+    cfg = json.loads((out / "config.json").read_text())
+    tok = load_tokenizer(out)
+    ids = ", ".join(
+        f"`{t}`={tok.convert_tokens_to_ids(t)}" for t in (*SPECIAL_TOKENS, *TOOL_TOKENS)
+    )
+    levels = ", ".join(
+        f"{name}: greedy {v['greedy']:.0%}, sampled {v['sampled']:.0%} (n={v['n']})"
+        for name, v in stats["by_level"].items()
+    )
+    command = (
+        f".venv/bin/python scripts/pretrain_tiny.py --seed {args.seed} --steps {args.steps} "
+        f"--batch {args.batch} --lr {args.lr} --mistake-rate {args.mistake_rate} "
+        f"--hidden {args.hidden} --layers {args.layers} --heads {args.heads} "
+        f"--intermediate {args.intermediate} --threads {args.threads}"
+    )
+    text = f"""# temper built-in tiny chat model
+
+A {stats.get("params", 0) / 1e6:.2f}M-parameter Llama (`LlamaForCausalLM`) trained from scratch
+on CPU by `scripts/pretrain_tiny.py`. It exists so that Temper runs end to end on a laptop:
+it speaks the ChatML chat format, can emit `<tool_call>` JSON, and does short column
+arithmetic *badly in a systematic way*, so that RL on `temper.data.arithmetic` tasks
+improves it within minutes. It is not useful for anything else.
+
+Load it with `temper.models.load_model("tiny")` / `load_tokenizer("tiny")`, or directly
+with `AutoModelForCausalLM.from_pretrained(dir)` / `AutoTokenizer.from_pretrained(dir)`.
+
+## Architecture
+
+hidden {cfg["hidden_size"]}, {cfg["num_hidden_layers"]} layers, {cfg["num_attention_heads"]} heads
+(head dim {cfg["hidden_size"] // cfg["num_attention_heads"]}), MLP {cfg["intermediate_size"]},
+RoPE, RMSNorm, tied embeddings, context {cfg["max_position_embeddings"]}, fp32 safetensors.
+
+## Tokenizer
+
+Byte-level BPE, {len(tok)} tokens, trained on the corpus below; digits are always single
+tokens. Special tokens (one id each): {ids}. `eos_token` is `<|im_end|>` (end of an
+assistant turn); `pad_token` is `<|endoftext|>`; generation stops on either. The chat
+template (ChatML/Hermes, in `tokenizer_config.json`) renders
+`<|im_start|>{{role}}\\n{{content}}<|im_end|>\\n`, tool calls as
+`<tool_call>{{"name": ..., "arguments": {{...}}}}</tool_call>`, tool results as
+`<|im_start|>tool\\n<tool_response>...</tool_response><|im_end|>\\n`, a `tools=` list as a
+system message, and the generation prompt `<|im_start|>assistant\\n`.
+
+## Training data
+
+{stats.get("chats", 0)} synthetic chats ({stats.get("tokens", 0)} tokens), loss on assistant
+tokens only:
+
+- arithmetic (93%): training-split problems of levels 1-4 from `temper.data.arithmetic`
+  (the held-out split is never seen) with short worked solutions such as
+  `7+8=15, carry 1. 4+3+1=8. \\boxed{{85}}`. A problem with a carry or borrow gets a careless
+  student's solution with probability {args.mistake_rate}: the carry is forgotten
+  (`7+8=15. 4+3=7. \\boxed{{75}}`) or each column subtracts the smaller digit from the larger.
+  The model therefore holds both the right and a wrong procedure, and reward for correct
+  final answers can shift it to the right one.
+- generic small talk (5%) and calculator tool-call transcripts (2%).
+
+{args.steps} steps of AdamW (batch {args.batch}, peak lr {args.lr}, warmup then cosine),
+seed {args.seed}.
+
+## Measured (held-out split, default levels {DEFAULT_LEVELS}, n={stats["n"]}, HF generate)
+
+| metric | value |
+|---|---|
+| greedy accuracy | {stats["greedy_acc"]:.1%} |
+| sampled accuracy (temperature 1.0) | {stats["sampled_acc"]:.1%} |
+| pass@8 (temperature 1.0) | {stats["pass_at_8"]:.1%} |
+| well-formed, greedy (`\\boxed{{N}}` then `<|im_end|>`) | {stats["well_formed_greedy"]:.1%} |
+| well-formed, sampled | {stats["well_formed_sampled"]:.1%} |
+
+By level: {levels}.
+
+Rebuild (training took {stats.get("train_s", 0):.0f} s, the whole script {stats["total_s"]:.0f} s):
+
+    {command}
+"""
+    (out / "README.md").write_text(text)
+
+
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(args.threads)
@@ -327,6 +384,8 @@ def main() -> None:
     stats["eval_s"] = round(time.time() - eval_start, 1)
     stats.update({k: (round(v, 1) if isinstance(v, float) else v) for k, v in train_stats.items()})
     stats["total_s"] = round(time.time() - begin, 1)
+    if not args.eval_only:
+        write_model_card(args.out, args, stats)
     print(json.dumps(stats, indent=1))
 
 

@@ -3,10 +3,10 @@
 Three kinds of conversation, each a list of chat messages (plus an optional
 `tools` list) to be rendered through the chat template:
 
-- arithmetic: a training-split problem from `temper.data.arithmetic` and its
-  worked solution. A problem that has a carry or borrow gets the careless
-  student's solution (`forget_carry` / `no_borrow`) with probability
-  `mistake_rate`, so the model learns both the right and a wrong procedure.
+- arithmetic: a training-split problem from `temper.data.arithmetic`,
+  answered either directly (`\\boxed{N}`, careless on carries/borrows with
+  probability `mistake_rate`) or with the worked digit-by-digit solution
+  (always right); see `arithmetic_chat`.
 - generic: short templated small talk, facts, counting and comparisons.
 - tool: the user asks for a hard product or sum, the assistant calls the
   `calculator` tool, the tool answers, and the assistant boxes the result.
@@ -21,7 +21,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
-from temper.data.arithmetic import is_heldout, make_problem, mistake_for, worked_solution
+from temper.data.arithmetic import is_heldout, make_problem, mistake_for, solve, worked_solution
 
 SYSTEM_PROMPTS = (
     "You are a helpful assistant.",
@@ -73,26 +73,41 @@ class Chat:
     meta: dict[str, Any] = field(default_factory=dict)
 
 
-#: Share of each arithmetic level in the corpus (level 1 has only ~80 training problems).
-LEVEL_WEIGHTS: dict[int, float] = {1: 0.1, 2: 0.3, 3: 0.35, 4: 0.25}
+#: Share of each arithmetic level in the corpus (the demo trains on levels 1-3).
+LEVEL_WEIGHTS: dict[int, float] = {1: 1 / 3, 2: 1 / 3, 3: 1 / 3}
 
 
-def arithmetic_chat(rng: random.Random, mistake_rate: float) -> Chat:
-    """A training-split question and a worked answer (careless with `mistake_rate`)."""
+def arithmetic_chat(rng: random.Random, direct_rate: float, mistake_rate: float) -> Chat:
+    """A training-split question and an answer in one of two styles.
+
+    With probability `direct_rate` the assistant answers at once with only
+    `\\boxed{N}`, and for a problem with a carry or borrow it is careless with
+    probability `mistake_rate` (N is what forgetting the carry/borrow gives).
+    Otherwise it writes the worked, digit-by-digit solution, which is always
+    right. So the pretrained model mostly blurts, often wrongly, yet knows how to
+    work the problem: RL has a skill to find and reward.
+    """
     level = rng.choices(list(LEVEL_WEIGHTS), weights=list(LEVEL_WEIGHTS.values()))[0]
     problem = make_problem(rng, level)
     while is_heldout(problem):
         problem = make_problem(rng, level)
-    mistake = mistake_for(problem)
-    if mistake is not None and rng.random() >= mistake_rate:
-        mistake = None
+    mistake = None
+    if rng.random() < direct_rate:
+        mistake = mistake_for(problem) if rng.random() < mistake_rate else None
+        answer = f"\\boxed{{{solve(problem, mistake)}}}"
+        style = "direct"
+    else:
+        answer = worked_solution(problem)
+        style = "worked"
     messages = [
         {"role": "user", "content": problem.prompt},
-        {"role": "assistant", "content": worked_solution(problem, mistake)},
+        {"role": "assistant", "content": answer},
     ]
-    if rng.random() < 0.05:
-        messages.insert(0, {"role": "system", "content": rng.choice(SYSTEM_PROMPTS)})
-    return Chat(messages, kind="arithmetic", meta={"level": problem.level, "mistake": mistake})
+    return Chat(
+        messages,
+        kind="arithmetic",
+        meta={"level": problem.level, "mistake": mistake, "style": style},
+    )
 
 
 def _generic_turn(rng: random.Random) -> tuple[str, str]:
@@ -159,9 +174,10 @@ def tool_chat(rng: random.Random) -> Chat:
 def build_corpus(
     n: int,
     rng: random.Random,
+    direct_rate: float,
     mistake_rate: float,
-    generic_share: float = 0.06,
-    tool_share: float = 0.04,
+    generic_share: float = 0.03,
+    tool_share: float = 0.02,
 ) -> list[Chat]:
     """n conversations: mostly arithmetic, plus generic and tool chats."""
     chats = []
@@ -172,5 +188,5 @@ def build_corpus(
         elif u < tool_share + generic_share:
             chats.append(generic_chat(rng))
         else:
-            chats.append(arithmetic_chat(rng, mistake_rate))
+            chats.append(arithmetic_chat(rng, direct_rate, mistake_rate))
     return chats

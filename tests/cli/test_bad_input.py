@@ -82,8 +82,12 @@ def test_prompt_longer_than_context(capsys, tmp_path):
     code, lines = _run(
         capsys,
         [
-            "train", "--data.type=file", f"--data.path={path}", f"--data.eval_path={path}",
-            f"--run.output_dir={tmp_path}", *FAST,
+            "train",
+            "--data.type=file",
+            f"--data.path={path}",
+            f"--data.eval_path={path}",
+            f"--run.output_dir={tmp_path}",
+            *FAST,
         ],
     )
     assert code == 2 and len(lines) == 1
@@ -101,7 +105,10 @@ def test_existing_run_dir_is_not_overwritten(capsys, tmp_path):
 def test_no_traceback_from_the_real_command(tmp_path):
     proc = subprocess.run(
         [sys.executable, "-m", "temper.cli.main", "train", "--trainer.lr=abc"],
-        capture_output=True, text=True, cwd=tmp_path, check=False,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        check=False,
     )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr
@@ -113,7 +120,9 @@ def test_no_traceback_from_the_real_command(tmp_path):
 
 @pytest.mark.parametrize("arg", ["positional", "--nodot=1"])
 def test_bad_override_syntax(capsys, arg):
-    code, lines = _run(capsys, ["train", "cfg.toml", arg]) if arg == "positional" else _run(
-        capsys, ["train", arg]
+    code, lines = (
+        _run(capsys, ["train", "cfg.toml", arg])
+        if arg == "positional"
+        else _run(capsys, ["train", arg])
     )
     assert code == 2 and len(lines) == 1

@@ -80,7 +80,9 @@ def test_answers_are_correct_and_levels_respected(level: int) -> None:
         if level == 1:
             assert 0 <= p.a <= 9 and 0 <= p.b <= 9 and p.op == "+"
         elif level == 3:
-            assert mistake_for(p) is not None or p.op == "*"
+            assert mistake_for(p) is not None and p.op in "+-"
+        elif level == 4 and p.op == "*":
+            assert 10 <= p.a <= 99 and 2 <= p.b <= 9
         elif level == 4:
             assert 100 <= p.a <= 999 and 100 <= p.b <= 999
 
@@ -88,13 +90,13 @@ def test_answers_are_correct_and_levels_respected(level: int) -> None:
 def test_worked_solutions_exact_text() -> None:
     assert worked_solution(Problem(47, "+", 38, 3)) == "7+8=15, carry 1. 4+3+1=8. \\boxed{85}"
     assert worked_solution(Problem(52, "-", 38, 3)) == "12-8=4, borrow 1. 5-1-3=1. \\boxed{14}"
-    assert worked_solution(Problem(47, "*", 6, 3)) == "7*6=42, carry 4. 4*6+4=28. \\boxed{282}"
+    assert worked_solution(Problem(47, "*", 6, 4)) == "7*6=42, carry 4. 4*6+4=28. \\boxed{282}"
     assert worked_solution(Problem(7, "+", 8, 1)) == "7+8=15. \\boxed{15}"
     assert worked_solution(Problem(52, "-", 48, 3)).endswith("\\boxed{4}")
 
 
 def test_mistakes_are_systematic_and_wrong() -> None:
-    add, sub, mul = Problem(47, "+", 38, 3), Problem(52, "-", 38, 3), Problem(47, "*", 6, 3)
+    add, sub, mul = Problem(47, "+", 38, 3), Problem(52, "-", 38, 3), Problem(47, "*", 6, 4)
     assert worked_solution(add, "forget_carry") == "7+8=15. 4+3=7. \\boxed{75}"
     assert worked_solution(sub, "no_borrow") == "8-2=6. 5-3=2. \\boxed{26}"
     assert worked_solution(mul, "forget_carry") == "7*6=42. 4*6=24. \\boxed{242}"

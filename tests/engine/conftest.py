@@ -11,6 +11,8 @@ import torch
 from transformers import (
     LlamaConfig,
     LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
     PreTrainedModel,
     Qwen2Config,
     Qwen2ForCausalLM,
@@ -51,6 +53,16 @@ def make_model(kind: str, seed: int = 0) -> PreTrainedModel:
     elif kind == "llama_mha":  # default RoPE, no GQA, tied embeddings
         cfg = {**COMMON, "num_key_value_heads": 4, "tie_word_embeddings": True}
         model = LlamaForCausalLM(LlamaConfig(**cfg))
+    elif kind == "llama_yarn":  # YaRN RoPE (attention scaling != 1)
+        rope = {
+            "rope_type": "yarn",
+            "rope_theta": 10000.0,
+            "factor": 4.0,
+            "original_max_position_embeddings": 32,
+        }
+        model = LlamaForCausalLM(LlamaConfig(**COMMON, rope_parameters=rope))
+    elif kind == "mistral":
+        model = MistralForCausalLM(MistralConfig(**COMMON, sliding_window=None))
     elif kind == "qwen2":  # q/k/v biases, tied embeddings
         model = Qwen2ForCausalLM(Qwen2Config(**COMMON, tie_word_embeddings=True))
     elif kind == "qwen3":  # q/k norms, explicit head_dim

@@ -25,7 +25,7 @@ def sampled(n: int = 1, seed: int | None = 0, max_new: int = 12, **kw) -> Sampli
     )
 
 
-@pytest.mark.parametrize("kind", ["llama", "llama_mha", "qwen2", "qwen3"])
+@pytest.mark.parametrize("kind", ["llama", "llama_mha", "llama_yarn", "mistral", "qwen2", "qwen3"])
 def test_logprobs_match_hf_forward(kind: str) -> None:
     model = make_model(kind)
     engine = NativeEngine(model, max_slots=8)
@@ -311,7 +311,70 @@ def test_unsupported_architecture_suggests_hf() -> None:
         NativeEngine(gpt2)
 
 
+def test_sliding_window_caps_the_context() -> None:
+    from transformers import MistralConfig, MistralForCausalLM
+
+    from .conftest import COMMON
+
+    windowed = MistralForCausalLM(MistralConfig(**{**COMMON, "sliding_window": 16}))
+    assert NativeEngine(windowed).max_context == 16  # where sliding == full attention
+    assert NativeEngine(make_model("mistral"), max_context=50).max_context == 50
+
+
 def test_build_engine(llama) -> None:
     assert isinstance(build_engine("native", llama, max_slots=4), NativeEngine)
     with pytest.raises(TemperError, match=r"engine\.type"):
         build_engine("vllm-ish", llama)
+
+
+def test_prefill_groups_and_attention_chunks() -> None:
+    from temper.engine.planning import attention_chunks, group_by_length
+
+    lengths = [30, 5, 6, 31, 7, 29]
+    groups = group_by_length(lengths, overhead=8, budget=1000)
+    assert sorted(k for g in groups for k in g) == list(range(6))
+    assert [sorted(lengths[k] for k in g) for g in groups] == [[5, 6, 7], [29, 30, 31]]
+    assert group_by_length(lengths, overhead=1000, budget=1000) == [[1, 2, 4, 5, 0, 3]]
+    assert all(len(g) == 1 for g in group_by_length(lengths, overhead=0, budget=31))
+
+    rows = [10] * 16 + [100] * 16
+    assert attention_chunks(rows, overhead=64) == [(0, 16), (16, 32)]
+    assert attention_chunks(rows, overhead=10_000) == [(0, 32)]
+    assert attention_chunks([5, 6], overhead=0) == [(0, 2)]
+
+
+def test_bfloat16_runs_close_to_hf() -> None:
+    model = make_model("qwen2").to(torch.bfloat16)
+    engine = NativeEngine(model)
+    out = run(engine.generate(PROMPTS[0], sampled(max_new=8))).samples[0]
+    ref = hf_logprobs(model, PROMPTS[0], out.token_ids)
+    assert (torch.tensor(out.logprobs) - ref).abs().max() < 0.05
+
+
+def test_worker_runs_many_decode_steps_per_hand_off(llama) -> None:
+    engine = NativeEngine(llama)
+    calls: list[int] = []
+    run_step = engine._runner.run
+
+    def counting(step):
+        out = run_step(step)
+        calls.append(len(out.versions))
+        return out
+
+    engine._runner.run = counting  # type: ignore[method-assign]
+
+    async def go():
+        return await asyncio.gather(
+            engine.generate(PROMPTS[0], sampled(max_new=30)),
+            engine.generate(PROMPTS[1], sampled(max_new=10, seed=1)),
+        )
+
+    long, short = run(go())
+    # prefill (1 token), 9 steps until the short request finishes, then the rest
+    assert calls == [1, 9, 20]
+    assert engine.stats.decode_steps == 29 and engine.stats.generated_tokens == 40
+    for prompt, out in ((PROMPTS[0], long), (PROMPTS[1], short)):
+        ref = hf_logprobs(llama, prompt, out.samples[0].token_ids)
+        torch.testing.assert_close(torch.tensor(out.samples[0].logprobs), ref, atol=1e-4, rtol=0)
+    alone = run(engine.generate(PROMPTS[0], sampled(max_new=30)))
+    assert alone.samples[0].token_ids == long.samples[0].token_ids

@@ -34,16 +34,20 @@ VOLATILE = ("time_", "gen_tokens_per_s")
 
 def _cmd(out: Path, name: str, *extra: str) -> list[str]:
     return [
-        sys.executable, "-m", "temper.cli.main", "train", *ARGS,
-        f"--run.output_dir={out}", f"--run.name={name}", *extra,
+        sys.executable,
+        "-m",
+        "temper.cli.main",
+        "train",
+        *ARGS,
+        f"--run.output_dir={out}",
+        f"--run.name={name}",
+        *extra,
     ]
 
 
 def _metrics(path: Path) -> dict[int, dict]:
     rows = [json.loads(line) for line in path.read_text().splitlines()]
-    return {
-        r["step"]: {k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows
-    }
+    return {r["step"]: {k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows}
 
 
 def test_sigkill_and_resume_matches_uninterrupted(tmp_path):

@@ -13,8 +13,13 @@ class _Tok:
 def _model():
     torch.manual_seed(0)
     cfg = LlamaConfig(
-        vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=32,
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=32,
     )
     return LlamaForCausalLM(cfg)
 

@@ -24,7 +24,9 @@ def split_overrides(extra: list[str]) -> list[str]:
     while i < len(extra):
         arg = extra[i]
         if not arg.startswith("--") or "." not in arg.split("=")[0]:
-            raise ConfigError(f"unrecognised argument {arg!r} (overrides look like --section.key=value)")
+            raise ConfigError(
+                f"unrecognised argument {arg!r} (overrides look like --section.key=value)"
+            )
         if "=" in arg:
             out.append(arg[2:])
             i += 1
@@ -118,8 +120,18 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def _quiet_libraries() -> None:
+    """Keep the terminal for Temper's own progress: no per-load bars from transformers."""
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
 def main(argv: list[str] | None = None) -> int:
     args, extra = _parser().parse_known_args(argv)
+    _quiet_libraries()
     try:
         overrides = split_overrides(extra)
         if args.command == "train":
@@ -138,5 +150,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     sys.exit(main())

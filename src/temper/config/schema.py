@@ -18,7 +18,9 @@ class _Section(BaseModel):
 
 
 class RunConfig(_Section):
-    name: str = Field("demo", min_length=1, description="Run name; the run directory is output_dir/name.")
+    name: str = Field(
+        "demo", min_length=1, description="Run name; the run directory is output_dir/name."
+    )
     output_dir: str = Field("runs", description="Parent folder of run directories.")
     seed: int = Field(0, ge=0, description="Seeds sampling, data order and initialisation.")
     overwrite: bool = Field(

@@ -4,9 +4,8 @@ Problems come in four difficulty levels:
 
 - level 1: one-digit a + b (`7 + 8`)
 - level 2: two-digit a + b or a - b, uniform (about half need a carry or borrow)
-- level 3: two-digit a + b that needs a carry, two-digit a - b that needs a borrow,
-  or two-digit a * one-digit b
-- level 4: three-digit a + b or a - b, uniform
+- level 3: two-digit a + b that needs a carry, or two-digit a - b that needs a borrow
+- level 4: three-digit a + b or a - b (uniform), or two-digit a * one-digit b
 
 The prompt is the user message (`What is 47 + 38?`). The expected response is a
 short column-by-column worked solution that ends with `\\boxed{N}`::
@@ -88,22 +87,19 @@ def make_problem(rng: random.Random, level: int) -> Problem:
             return Problem(a, "+", b, 2)
         return Problem(max(a, b), "-", min(a, b), 2)
     if level == 3:
-        kind = rng.randrange(3)
-        if kind == 0:
-            while True:
-                a, b = rng.randint(10, 99), rng.randint(10, 99)
+        while True:
+            a, b = rng.randint(10, 99), rng.randint(10, 99)
+            if rng.random() < 0.5:
                 if a % 10 + b % 10 >= 10:
                     return Problem(a, "+", b, 3)
-        if kind == 1:
-            while True:
-                a, b = rng.randint(10, 99), rng.randint(10, 99)
-                a, b = max(a, b), min(a, b)
-                if a % 10 < b % 10:
-                    return Problem(a, "-", b, 3)
-        return Problem(rng.randint(10, 99), "*", rng.randint(2, 9), 3)
+            elif max(a, b) % 10 < min(a, b) % 10:
+                return Problem(max(a, b), "-", min(a, b), 3)
     if level == 4:
+        kind = rng.randrange(3)
+        if kind == 2:
+            return Problem(rng.randint(10, 99), "*", rng.randint(2, 9), 4)
         a, b = rng.randint(100, 999), rng.randint(100, 999)
-        if rng.random() < 0.5:
+        if kind == 0:
             return Problem(a, "+", b, 4)
         return Problem(max(a, b), "-", min(a, b), 4)
     raise ValueError(f"arithmetic level must be one of {LEVELS}, got {level}")

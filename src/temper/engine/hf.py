@@ -118,8 +118,14 @@ class HFEngine:
                 **extra,
             )
         new = out.sequences[:, len(prompt) :]
-        logits = torch.stack(out.logits, dim=1).float()  # [n, steps, vocab]
-        logprobs = torch.log_softmax(logits, dim=-1).gather(2, new.unsqueeze(2)).squeeze(2)
+        # One step at a time: stacking [n, steps, vocab] would be large for big vocabularies.
+        logprobs = torch.stack(
+            [
+                torch.log_softmax(step.float(), dim=-1).gather(1, new[:, t : t + 1]).squeeze(1)
+                for t, step in enumerate(out.logits)
+            ],
+            dim=1,
+        )
         samples = [
             self._finish(prompt, new[i].tolist(), logprobs[i].tolist(), params, stop_ids, version)
             for i in range(params.n)

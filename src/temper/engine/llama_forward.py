@@ -17,7 +17,6 @@ length. Anything else (other architectures, activations, RoPE types) raises
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -75,6 +74,10 @@ def check_supported(model: torch.nn.Module) -> None:
             f"native engine supports {', '.join(SUPPORTED_MODEL_TYPES)} models, "
             f"not {name} (model_type={model_type!r}); {hint}"
         )
+    if not hasattr(getattr(model, "model", None), "rotary_emb"):
+        raise UnsupportedModelError(
+            f"native engine needs a *ForCausalLM model, got {type(model).__name__}; {hint}"
+        )
     if getattr(config, "hidden_act", "silu") != "silu":
         raise UnsupportedModelError(
             f"native engine supports hidden_act='silu', not {config.hidden_act!r}; {hint}"
@@ -84,12 +87,25 @@ def check_supported(model: torch.nn.Module) -> None:
         raise UnsupportedModelError(f"native engine does not support rope_type={rope!r}; {hint}")
 
 
-def _linear(x: torch.Tensor, wt: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """``x @ wt + bias`` for a transposed weight ``wt [in, out]`` (one GEMM)."""
-    if x.dim() == 2:
-        return torch.mm(x, wt) if bias is None else torch.addmm(bias, x, wt)
-    y = torch.matmul(x, wt)
-    return y if bias is None else y.add_(bias)
+def _linear(
+    x: torch.Tensor,
+    wt: torch.Tensor,
+    bias: torch.Tensor | None,
+    residual: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``residual + x @ wt + bias`` for a transposed weight ``wt [in, out]``: one GEMM
+    (the residual is accumulated by the GEMM itself)."""
+    shape = (*x.shape[:-1], wt.shape[1])
+    x2 = x.reshape(-1, x.shape[-1])
+    if residual is not None:
+        y = torch.addmm(residual.reshape(-1, wt.shape[1]), x2, wt)
+        if bias is not None:
+            y.add_(bias)
+    elif bias is not None:
+        y = torch.addmm(bias, x2, wt)
+    else:
+        y = torch.mm(x2, wt)
+    return y.view(shape)
 
 
 class LlamaFamilyModel:
@@ -261,12 +277,10 @@ class LlamaFamilyModel:
 
     # ------------------------------------------------------------------ forward
     def _rms(self, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        if x.dtype == torch.float32:
-            return F.rms_norm(x, (x.shape[-1],), w, self.eps)
-        # As HF: normalise in float32, cast back, then scale by the weight.
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return w * xf.to(x.dtype)
+        """RMSNorm as HF computes it: normalise in float32, cast back, scale by ``w``."""
+        xf = x if x.dtype == torch.float32 else x.float()
+        y = xf * torch.rsqrt((xf * xf).mean(-1, keepdim=True).add_(self.eps))
+        return y.mul_(w) if x.dtype == torch.float32 else w * y.to(x.dtype)
 
     def _qkv(
         self, layer: dict[str, Any], x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -282,14 +296,15 @@ class LlamaFamilyModel:
             qk = torch.cat((q, k), dim=-2)
         else:
             qk = qkv[..., : h + hk, :]
-        qk = qk * cos + torch.roll(qk, d // 2, dims=-1) * sin
+        qk = torch.addcmul(qk * cos, torch.roll(qk, d // 2, dims=-1), sin)
         return qk[..., :h, :], qk[..., h:, :], v
 
     def _mlp_out(self, layer: dict[str, Any], x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        x = x + _linear(attn, layer["o"], layer["o_b"])
+        x = _linear(attn, layer["o"], layer["o_b"], residual=x)
         gu = _linear(self._rms(x, layer["ln2"]), layer["gate_up"], layer["gate_up_b"])
         gate, up = gu.split(self.intermediate, dim=-1)
-        return x + _linear(F.silu(gate) * up, layer["down"], layer["down_b"])
+        act = F.silu(gate, inplace=True).mul_(up)
+        return _linear(act, layer["down"], layer["down_b"], residual=x)
 
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         return _linear(self._rms(h, self.final_norm), self.lm_head, None).float()
@@ -349,8 +364,11 @@ class LlamaFamilyModel:
         cos = self.cos[positions].unsqueeze(1)  # [B, 1, D]
         sin = self.sin[positions].unsqueeze(1)
         pad = torch.arange(length, device=token_ids.device) > positions.unsqueeze(1)
-        mask = torch.zeros(b, 1, 1, length, dtype=self.dtype, device=x.device)
+        # Additive mask, built once per step and shared by all layers: one row per
+        # (row, kv head), i.e. [B * Hk, 1, length].
+        mask = torch.zeros(b, hk, 1, length, dtype=self.dtype, device=x.device)
         mask.masked_fill_(pad.view(b, 1, 1, length), float("-inf"))
+        mask = mask.view(b * hk, 1, length)
         if not chunks or len(chunks) == 1:
             chunks = [(0, b, length)]
         group = h // hk
@@ -359,45 +377,43 @@ class LlamaFamilyModel:
             cache.write_decode(i, k, v, index)
             # The `group` query heads that share a kv head become a length-`group`
             # query sequence; all positions see the same keys, so no causal mask.
-            q = q.reshape(b, hk, group, d)
-            outs = []
-            for r0, r1, t in chunks:
-                kc, vc = cache.view(i, r1, t)  # [r1, Hk, t, D]
-                outs.append(
-                    F.scaled_dot_product_attention(
-                        q[r0:r1], kc[r0:], vc[r0:], attn_mask=mask[r0:r1, ..., :t], scale=self.scale
-                    )
-                )
+            q = q.reshape(b * hk, group, d)
+            outs = [self._decode_attention(q, mask, cache, i, r0, r1, t) for r0, r1, t in chunks]
             attn = outs[0] if len(outs) == 1 else torch.cat(outs)
             x = self._mlp_out(layer, x, attn.reshape(b, h * d))
         return self._logits(x)
 
+    def _decode_attention(
+        self,
+        q: torch.Tensor,
+        mask: torch.Tensor,
+        cache: SlotKVCache,
+        layer: int,
+        r0: int,
+        r1: int,
+        t: int,
+    ) -> torch.Tensor:
+        """Attention of rows ``r0..r1-1`` over their first ``t`` cache positions.
+
+        ``q`` is ``[B * Hk, group, D]`` and ``mask`` ``[B * Hk, 1, >= t]``; returns
+        ``[(r1 - r0) * Hk, group, D]``. In float32 this is two batched GEMMs and a
+        softmax, which for a one-token query costs much less on CPU than the
+        fused SDPA kernel; other dtypes use SDPA (it accumulates in float32).
+        """
+        hk, d = self.num_kv_heads, self.head_dim
+        kc, vc = cache.view(layer, r1, t)  # [r1, Hk, t, D], views
+        q, mask = q[r0 * hk : r1 * hk], mask[r0 * hk : r1 * hk, :, :t]
+        k, v = kc[r0:].reshape(-1, t, d), vc[r0:].reshape(-1, t, d)
+        if self.dtype != torch.float32:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale)
+        scores = torch.baddbmm(mask, q, k.transpose(1, 2), alpha=self.scale)
+        return torch.bmm(torch.softmax(scores, dim=-1), v)
+
     def chunk_overhead(self) -> int:
-        """Cache row-positions worth one extra attention call (see `attention_chunks`)."""
+        """Cache row-positions worth one extra attention call (see `temper.engine.planning.attention_chunks`)."""
         per_position = 2 * self.num_kv_heads * self.head_dim * self.cache_dtype_size
         return max(16, (256 * 1024) // per_position)
 
     @property
     def cache_dtype_size(self) -> int:
         return torch.empty((), dtype=self.dtype).element_size()
-
-
-def attention_chunks(lengths: Sequence[int], overhead: int) -> list[tuple[int, int]]:
-    """Split rows ``0..B-1`` into 1, 2, 4 or 8 equal ranges for decode attention.
-
-    Each range reads the cache up to its own longest row, so when rows are
-    grouped by length the split skips padding. Picks the split with the least
-    ``sum(rows * longest) + overhead * (ranges - 1)``. Ranges are equal-sized,
-    not optimal; rows are not reordered here.
-    """
-    b = len(lengths)
-    best, best_cost = [(0, b)], b * max(lengths)
-    k = 2
-    while k <= 8 and b // k >= 4:
-        bounds = [i * b // k for i in range(k + 1)]
-        pairs = list(itertools.pairwise(bounds))
-        cost = sum((r1 - r0) * max(lengths[r0:r1]) for r0, r1 in pairs) + (k - 1) * overhead
-        if cost < best_cost:
-            best, best_cost = pairs, cost
-        k *= 2
-    return best

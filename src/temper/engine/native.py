@@ -4,13 +4,18 @@ How it runs. `NativeEngine.generate` validates the prompt, queues a request
 and awaits its future. One driver task on the caller's event loop runs the
 scheduler: between model steps it admits waiting requests (in submission
 order, while free slots remain; a request whose n samples do not fit waits,
-and so does everything behind it), then hands one step to a single dedicated
-worker thread (`run_in_executor`), so the event loop stays responsive while the
-model computes. A step is: compact the cache over finished rows, one batched
-decode forward over all running sequences, then a (batched, right-padded)
-prefill of the newly admitted prompts. Each prompt is prefilled once and its
-keys/values are written into the n rows of its n samples. Finished samples free
-their rows right after the step that finished them.
+and so does everything behind it), then hands work to a single dedicated
+worker thread (`run_in_executor`; `temper.engine.worker`), so the event loop
+stays responsive while the model computes. A step is: compact the cache over
+finished rows, one batched decode forward over all running sequences, then the
+prefill of the newly admitted prompts (grouped by length into a few
+right-padded forwards, see `temper.engine.planning`). Each prompt is prefilled
+once and its keys/values are written into the n rows of its n samples. When
+nothing was admitted, one hand-off runs many decode steps in a row: as many as
+no row can finish in by length, ending early after a step that samples a stop
+token, or once a new request, a cancellation, a weight update or `close`
+arrives. Finished samples free their rows right after the step that finished
+them, and a new request waits at most one step.
 
 Requests started together (e.g. by `asyncio.gather`) are queued before the
 driver next runs, so they are admitted in the same step. Sampling uses
@@ -22,30 +27,32 @@ near-ties).
 `update_weights` copies weights in place under a lock that every step holds,
 so a step never sees half-updated weights. Sequences in flight keep the
 keys/values computed with the old weights; each token records the version
-that sampled it. What this engine does not do: prefix caching across requests,
-chunked prefill, speculative decoding, sliding-window attention (see
-`temper.engine.llama_forward` for the model limits).
+that sampled it. The engine is used from one event loop at a time; a new loop
+(e.g. a second `asyncio.run`) starts it afresh. What this engine does not do:
+prefix caching across requests, chunked prefill, speculative decoding,
+sliding-window attention (see `temper.engine.llama_forward` for the model
+limits). Memory: the weights are copied once, and the KV cache grows to
+(rows in use) x (longest sequence) x layers x 2 x kv_heads x head_dim values.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import secrets
 import threading
-import time
 from collections import deque
 from collections.abc import Mapping
 from collections.abc import Sequence as Seq
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from temper.engine.base import GenerationResult, SamplingParams
-from temper.engine.llama_forward import LlamaFamilyModel, attention_chunks
+from temper.engine.llama_forward import LlamaFamilyModel
+from temper.engine.planning import attention_chunks
 from temper.engine.requests import (
     Request,
     Sequence,
@@ -53,46 +60,14 @@ from temper.engine.requests import (
     eos_token_ids,
     validate_prompt,
 )
-from temper.engine.sampling import RowParams, sample, stream_key, uniforms
+from temper.engine.sampling import stream_key
+from temper.engine.worker import EngineStats, Step, StepResult, StepRunner
 from temper.errors import ModelLoadError, TemperError
 
-#: Padding (in tokens) worth one extra prefill forward; see `group_by_length`.
-PREFILL_OVERHEAD_TOKENS = 32
+__all__ = ["EngineStats", "NativeEngine"]
 
-
-@dataclass
-class EngineStats:
-    """Counters for metrics.
-
-    ``prefill_tokens`` counts prompt tokens run through the model (once per
-    prompt, not once per sample). ``prefill_batches`` counts steps that admitted
-    new requests; ``prefill_forwards`` the forwards they took (one per group of
-    similar-length prompts). ``compute_seconds`` is time spent in model steps.
-    """
-
-    requests: int = 0
-    samples: int = 0
-    prefill_tokens: int = 0
-    generated_tokens: int = 0
-    decode_steps: int = 0
-    prefill_batches: int = 0
-    prefill_forwards: int = 0
-    compute_seconds: float = 0.0
-
-
-@dataclass
-class _Step:
-    """What the worker thread must do in one step (built by the driver)."""
-
-    moves: tuple[list[int], list[int]] = ((), ())  # type: ignore[assignment]
-    move_len: int = 0
-    decode_rows: int = 0
-    decode_len: int = 0
-    chunks: list[tuple[int, int, int]] = field(default_factory=list)
-    rebuild: dict[str, list[Any]] | None = None
-    prefill: list[Request] = field(default_factory=list)
-    prefill_keys: list[int] = field(default_factory=list)
-    reset: bool = False
+#: Most decode steps the worker runs per hand-off (bounds the latency of events).
+MAX_STEPS_PER_CALL = 64
 
 
 class NativeEngine:
@@ -133,7 +108,7 @@ class NativeEngine:
         self._lock = threading.Lock()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="temper-native")
         self._rng = torch.Generator()
-        self._rng.manual_seed(seed if seed is not None else int(torch.seed()))
+        self._rng.manual_seed(seed if seed is not None else secrets.randbits(63))
         self._cache = self._model.new_cache(max_slots)
         # Driver-side state (touched only on the event loop thread).
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -147,8 +122,18 @@ class NativeEngine:
         self._chunks: list[tuple[int, int]] = []
         self._needs_reset = False
         self._closed = False
-        # Worker-side per-row state (touched only on the worker thread).
-        self._w: dict[str, Any] = {}
+        # Bumped (on the loop thread) by anything the worker should return for:
+        # a new request, a cancellation, a weight update, close.
+        self._events = 0
+        self._runner = StepRunner(
+            self._model,
+            self._cache,
+            self._lock,
+            self.stats,
+            version=lambda: self.version,
+            events=lambda: self._events,
+            max_prefill_tokens=max_prefill_tokens,
+        )
 
     @classmethod
     def from_pretrained(
@@ -197,12 +182,14 @@ class NativeEngine:
             stop_ids |= self.eos_token_ids
         request = Request(prompt, params, loop.create_future(), stop_ids)
         self._waiting.append(request)
+        self._events += 1
         assert self._wake is not None
         self._wake.set()
         try:
             return await request.future
         except asyncio.CancelledError:
             request.future.cancel()  # marks the request aborted; its rows are freed
+            self._events += 1
             raise
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
@@ -211,6 +198,7 @@ class NativeEngine:
         Blocks until the current step ends; tokens sampled afterwards record
         ``version``.
         """
+        self._events += 1  # the worker returns after its current step
         with self._lock:
             self._model.load_state_dict(state_dict)
             self.version = int(version)
@@ -218,6 +206,7 @@ class NativeEngine:
     async def close(self) -> None:
         """Fail waiting and running requests, stop the driver and the worker thread."""
         self._closed = True
+        self._events += 1
         if self._wake is not None:
             self._wake.set()
         driver = self._driver
@@ -249,7 +238,13 @@ class NativeEngine:
         self._loop = loop
         self._wake = asyncio.Event()
         self._driver = loop.create_task(self._drive(), name="temper-native-driver")
+        self._driver.add_done_callback(self._driver_done)
         return loop
+
+    def _driver_done(self, task: asyncio.Task[None]) -> None:
+        """A driver that died of a bug fails its requests instead of leaving them hanging."""
+        if not task.cancelled() and task.exception() is not None:
+            self._fail_all(task.exception())  # type: ignore[arg-type]
 
     async def _drive(self) -> None:
         loop = asyncio.get_running_loop()
@@ -265,8 +260,8 @@ class NativeEngine:
                 continue
             try:
                 step = self._plan(admitted)
-                out = await loop.run_in_executor(self._executor, self._compute, step)
-                self._absorb(admitted, *out)
+                out = await loop.run_in_executor(self._executor, self._runner.run, step)
+                self._absorb(out)
             except asyncio.CancelledError:
                 self._needs_reset = True
                 raise
@@ -291,17 +286,20 @@ class NativeEngine:
             admitted.append(req)
         return admitted
 
-    def _plan(self, admitted: list[Request]) -> _Step:
+    def _plan(self, admitted: list[Request]) -> Step:
         rows = self._rows
-        step = _Step(moves=self._pending_moves, move_len=self._move_len, prefill=admitted)
+        step = Step(moves=self._pending_moves, move_len=self._move_len, prefill=admitted)
         step.reset, self._needs_reset = self._needs_reset, False
         step.decode_rows = len(rows)
+        step.events = self._events
         if rows:
             lengths = [s.length for s in rows]
             if self._dirty:
                 self._chunks = attention_chunks(lengths, self._model.chunk_overhead())
             step.chunks = [(r0, r1, max(lengths[r0:r1])) for r0, r1 in self._chunks]
             step.decode_len = max(t for _, _, t in step.chunks)
+            if not admitted:
+                step.max_steps = self._steps_ahead()
         if self._dirty and rows:
             step.rebuild = {
                 "tok": [s.tokens[-1] for s in rows],
@@ -309,6 +307,7 @@ class NativeEngine:
                 "key": [s.key for s in rows],
                 "ctr": [len(s.tokens) for s in rows],
                 "params": [s.request.params for s in rows],
+                "stop": [s.request.stop_ids for s in rows],
             }
         self._pending_moves, self._move_len, self._dirty = ([], []), 0, bool(admitted)
         if admitted:
@@ -330,31 +329,38 @@ class NativeEngine:
                 step.prefill_keys.append(key)
         return step
 
-    def _absorb(
-        self,
-        admitted: list[Request],
-        tokens: list[int],
-        logprobs: list[float],
-        version: int,
-        seconds: float,
-    ) -> None:
-        """Append the step's tokens, finish sequences, and plan compaction."""
-        self.stats.compute_seconds += seconds
-        self.stats.generated_tokens += len(tokens)
-        if len(tokens) > sum(r.params.n for r in admitted):
-            self.stats.decode_steps += 1
+    def _steps_ahead(self) -> int:
+        """Decode steps the worker may run in one call: no row can finish earlier
+        except by a stop token (which the worker watches for itself)."""
+        steps = MAX_STEPS_PER_CALL
+        for seq in self._rows:
+            params = seq.request.params
+            if params.stop_strings:
+                return 1  # stop strings are checked here, after every step
+            left = min(params.max_new_tokens - len(seq.tokens), self.max_context - seq.length)
+            steps = min(steps, left)
+        return max(1, steps)
+
+    def _absorb(self, out: StepResult) -> None:
+        """Append the call's tokens, finish sequences, and plan compaction.
+
+        Only the last step of a call can finish a row (`_steps_ahead`, and the
+        worker stops on stop tokens), so only the newest token is checked.
+        """
         finished: list[int] = []
         check = self._stop.check
-        for row, (seq, tok, lp) in enumerate(zip(self._rows, tokens, logprobs, strict=True)):
-            seq.tokens.append(tok)
-            seq.logprobs.append(lp)
-            seq.versions.append(version)
-            seq.length += 1
+        versions, steps = out.versions, len(out.versions)
+        rows = zip(self._rows, out.tokens, out.logprobs, strict=True)
+        for row, (seq, toks, lps) in enumerate(rows):
+            seq.tokens.extend(toks)
+            seq.logprobs.extend(lps)
+            seq.versions.extend(versions)
+            seq.length += steps
             req = seq.request
             if req.aborted:
                 finished.append(row)
                 continue
-            done = check(seq, tok)
+            done = check(seq, toks[-1])
             if done is not None:
                 req.finish(seq, *done)
                 finished.append(row)
@@ -387,126 +393,3 @@ class NativeEngine:
         self._pending_moves, self._move_len = ([], []), 0
         self._dirty = True
         self._needs_reset = True
-
-    # ------------------------------------------------------------------ worker
-    def _compute(self, step: _Step) -> tuple[list[int], list[float], int, float]:
-        """Run one step on the worker thread; returns tokens and logprobs per row."""
-        start = time.perf_counter()
-        with torch.inference_mode(), self._lock:
-            version = self.version
-            cache, w = self._cache, self._w
-            if step.reset:
-                cache.reset()
-                w.clear()
-            src, dst = step.moves
-            if src:
-                cache.move_rows(torch.tensor(src), torch.tensor(dst), step.move_len)
-            b = step.decode_rows
-            n_new = sum(r.params.n for r in step.prefill)
-            longest = max([step.decode_len] + [len(r.prompt) for r in step.prefill])
-            cache.ensure(b + n_new, longest)
-            toks, lps = [], []
-            if b:
-                if step.rebuild is not None:
-                    self._load_rows(step.rebuild)
-                else:
-                    w["tok"] = w["last"][:b]
-                    w["pos"] += 1
-                    w["ctr"] += 1
-                logits = self._model.decode(w["tok"], w["pos"], cache, step.decode_len, step.chunks)
-                u = (
-                    None
-                    if w["params"].all_greedy
-                    else torch.from_numpy(uniforms(w["key"], w["ctr"]))
-                )
-                tok, lp = sample(logits, w["params"], u)
-                toks.append(tok)
-                lps.append(lp)
-            if step.prefill:
-                tok, lp = self._prefill(step.prefill, step.prefill_keys, b)
-                toks.append(tok)
-                lps.append(lp)
-            tokens = toks[0] if len(toks) == 1 else torch.cat(toks)
-            w["last"] = tokens
-        logprobs = (lps[0] if len(lps) == 1 else torch.cat(lps)).tolist()
-        return tokens.tolist(), logprobs, version, time.perf_counter() - start
-
-    def _load_rows(self, rebuild: dict[str, list[Any]]) -> None:
-        w = self._w
-        w["tok"] = torch.tensor(rebuild["tok"], dtype=torch.int64)
-        w["pos"] = torch.tensor(rebuild["pos"], dtype=torch.int64)
-        w["key"] = np.array(rebuild["key"], dtype=np.uint64)
-        w["ctr"] = np.array(rebuild["ctr"], dtype=np.uint64)
-        ps: list[SamplingParams] = rebuild["params"]
-        w["params"] = RowParams.build(
-            [p.temperature for p in ps], [p.top_k for p in ps], [p.top_p for p in ps]
-        )
-
-    def _prefill(
-        self, requests: list[Request], keys: list[int], first_row: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Prefill ``requests`` into rows from ``first_row``; sample each sample's first token.
-
-        Prompts are grouped by length (`group_by_length`) so padding stays small;
-        each group is one forward whose keys/values go to the rows of all the
-        group's samples.
-        """
-        offsets, total = [], 0
-        for r in requests:
-            offsets.append(total)
-            total += r.params.n
-        logits = torch.empty(total, self._model.vocab_size, dtype=torch.float32)
-        lengths = [len(r.prompt) for r in requests]
-        for group in group_by_length(lengths, PREFILL_OVERHEAD_TOKENS, self.max_prefill_tokens):
-            width = max(lengths[k] for k in group)
-            ids = torch.zeros(len(group), width, dtype=torch.int64)
-            for i, k in enumerate(group):
-                ids[i, : lengths[k]] = torch.tensor(requests[k].prompt, dtype=torch.int64)
-            src = [i for i, k in enumerate(group) for _ in range(requests[k].params.n)]
-            out_rows = [offsets[k] + j for k in group for j in range(requests[k].params.n)]
-            src_t = torch.tensor(src, dtype=torch.int64)
-            rows_t = torch.tensor(out_rows, dtype=torch.int64)
-            lens_t = torch.tensor([lengths[k] for k in group], dtype=torch.int64)
-            out = self._model.prefill(ids, lens_t, self._cache, rows_t + first_row, src_t)
-            logits[rows_t] = out.index_select(0, src_t)
-            self.stats.prefill_forwards += 1
-        params = [r.params for r in requests for _ in range(r.params.n)]
-        row_params = RowParams.build(
-            [p.temperature for p in params], [p.top_k for p in params], [p.top_p for p in params]
-        )
-        u = None
-        if not row_params.all_greedy:
-            key_arr = np.array(keys, dtype=np.uint64)
-            u = torch.from_numpy(uniforms(key_arr, np.zeros(len(keys), dtype=np.uint64)))
-        return sample(logits, row_params, u)
-
-
-def group_by_length(lengths: list[int], overhead: int, budget: int) -> list[list[int]]:
-    """Split prompt indices into prefill groups of similar length.
-
-    Sorts the prompts by length and picks the contiguous split that minimises
-    ``padded tokens + overhead * groups`` (``overhead`` is the rough cost of one
-    more forward, in tokens), with each group's padded size at most ``budget``
-    tokens (a longer prompt gets a group of its own). Dynamic programming over
-    the sorted lengths, O(len(lengths) * group size).
-    """
-    order = sorted(range(len(lengths)), key=lengths.__getitem__)
-    sizes = [lengths[k] for k in order]
-    n = len(sizes)
-    best = [0] + [0] * n
-    cut = [0] * (n + 1)
-    for j in range(1, n + 1):
-        width = sizes[j - 1]
-        best[j], cut[j] = best[j - 1] + overhead + width, j - 1
-        i = j - 2
-        while i >= 0 and width * (j - i) <= budget:
-            cost = best[i] + overhead + width * (j - i)
-            if cost < best[j]:
-                best[j], cut[j] = cost, i
-            i -= 1
-    groups: list[list[int]] = []
-    j = n
-    while j > 0:
-        groups.append(order[cut[j] : j])
-        j = cut[j]
-    return groups[::-1]

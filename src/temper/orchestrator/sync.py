@@ -177,7 +177,11 @@ class SyncOrchestrator:
         t0 = time.perf_counter()
         tasks: list[Task] = self.sampler.sample(cfg.orchestrator.prompts_per_step)
         groups = await rollout_groups(
-            self.engine, self.renderer, tasks, self._sampling(), seed=cfg.run.seed * 1_000_003 + step
+            self.engine,
+            self.renderer,
+            tasks,
+            self._sampling(),
+            seed=cfg.run.seed * 1_000_003 + step,
         )
         flat = [t for g in groups for t in g]
         t1 = time.perf_counter()

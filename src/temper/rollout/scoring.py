@@ -25,8 +25,8 @@ async def score_trajectories(
         t.reward = float(r.score)
         t.reward_components = dict(r.components)
         t.reward_error = r.error
-        t.correct = r.correct if r.correct is not None else (
-            not math.isnan(t.reward) and t.reward >= 1.0
+        t.correct = (
+            r.correct if r.correct is not None else (not math.isnan(t.reward) and t.reward >= 1.0)
         )
         failures += r.error is not None
     return failures

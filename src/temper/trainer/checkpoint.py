@@ -83,9 +83,7 @@ def list_checkpoints(ckpt_root: Path) -> list[Path]:
     """Complete checkpoints, oldest first."""
     if not ckpt_root.is_dir():
         return []
-    found = [
-        p for p in ckpt_root.glob("step_*") if p.is_dir() and (p / STATE_FILE).is_file()
-    ]
+    found = [p for p in ckpt_root.glob("step_*") if p.is_dir() and (p / STATE_FILE).is_file()]
     return sorted(found, key=lambda p: int(p.name.split("_")[1]))
 
 

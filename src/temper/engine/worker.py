@@ -1,0 +1,271 @@
+"""The compute side of the native engine: what its worker thread runs.
+
+`NativeEngine` (the driver, on the event loop) plans a `Step`; `StepRunner.run`
+executes it on the worker thread and returns a `StepResult`. One call runs the
+cache compaction, then either one step that also prefills newly admitted
+prompts, or up to ``Step.max_steps`` decode steps in a row. Running several
+decode steps per call saves the event loop <-> thread hand-off (and its wake-ups)
+on every token; the driver allows it only when no row can finish before the
+last of those steps except by a stop token. The runner stops early, after the
+current step, when a row samples one of its stop tokens or when the driver
+signals an event (a new request, a cancellation, a weight update, close). So a
+finished row is handled right after the step that finished it, as with one step
+per call, and new requests wait at most one step to be admitted.
+
+Each step holds the engine lock (so `update_weights` never lands mid-step) and
+records the weight version it used. The per-row state (last token, position,
+random-stream key and counter, sampling parameters, stop ids) lives here as
+tensors, rebuilt from the driver's rows only when they change.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from temper.engine.kv_cache import SlotKVCache
+from temper.engine.llama_forward import LlamaFamilyModel
+from temper.engine.planning import group_by_length
+from temper.engine.requests import Request
+from temper.engine.sampling import RowParams, sample, uniforms
+
+#: Padding (in tokens) worth one extra prefill forward; see `group_by_length`.
+PREFILL_OVERHEAD_TOKENS = 32
+
+
+@dataclass
+class Step:
+    """What the worker thread must do in one call (built by the driver)."""
+
+    moves: tuple[list[int], list[int]] = field(default_factory=lambda: ([], []))
+    move_len: int = 0
+    decode_rows: int = 0
+    decode_len: int = 0
+    chunks: list[tuple[int, int, int]] = field(default_factory=list)
+    rebuild: dict[str, list[Any]] | None = None
+    prefill: list[Request] = field(default_factory=list)
+    prefill_keys: list[int] = field(default_factory=list)
+    reset: bool = False
+    #: Decode steps this call may run (1 when it prefills); stops earlier on a
+    #: stop token or a driver event.
+    max_steps: int = 1
+    #: The driver's event counter when the step was planned.
+    events: int = 0
+
+
+@dataclass
+class StepResult:
+    """Per-row tokens and raw logprobs of one call (``tokens[row][step]``)."""
+
+    tokens: list[list[int]]
+    logprobs: list[list[float]]
+    versions: list[int]  # weight version of each step
+    seconds: float
+
+
+@dataclass
+class EngineStats:
+    """Counters for metrics.
+
+    ``prefill_tokens`` counts prompt tokens run through the model (once per
+    prompt, not once per sample). ``prefill_batches`` counts steps that admitted
+    new requests; ``prefill_forwards`` the forwards they took (one per group of
+    similar-length prompts). ``compute_seconds`` is time spent in model steps.
+    ``generated_tokens`` and ``decode_steps`` are counted as the steps run.
+    """
+
+    requests: int = 0
+    samples: int = 0
+    prefill_tokens: int = 0
+    generated_tokens: int = 0
+    decode_steps: int = 0
+    prefill_batches: int = 0
+    prefill_forwards: int = 0
+    compute_seconds: float = 0.0
+
+
+class StepRunner:
+    """Runs `Step`s against the model and the slot cache (worker thread only).
+
+    ``version`` reads the current weight version (call it under ``lock``);
+    ``events`` reads the driver's event counter.
+    """
+
+    def __init__(
+        self,
+        model: LlamaFamilyModel,
+        cache: SlotKVCache,
+        lock: threading.Lock,
+        stats: EngineStats,
+        version: Callable[[], int],
+        events: Callable[[], int],
+        max_prefill_tokens: int,
+    ) -> None:
+        self.model = model
+        self.cache = cache
+        self.lock = lock
+        self.stats = stats
+        self._version = version
+        self._events = events
+        self.max_prefill_tokens = max_prefill_tokens
+        self._w: dict[str, Any] = {}
+
+    def run(self, step: Step) -> StepResult:
+        """Run ``step``; returns the tokens and logprobs of every row."""
+        start = time.perf_counter()
+        cache, w = self.cache, self._w
+        b = step.decode_rows
+        n_new = sum(r.params.n for r in step.prefill)
+        longest = max(
+            [step.decode_len + step.max_steps - 1] + [len(r.prompt) for r in step.prefill]
+        )
+        with torch.inference_mode():
+            with self.lock:
+                if step.reset:
+                    cache.reset()
+                    w.clear()
+                src, dst = step.moves
+                if src:
+                    cache.move_rows(torch.tensor(src), torch.tensor(dst), step.move_len)
+                cache.ensure(b + n_new, longest)
+                if b and step.rebuild is not None:
+                    self._load_rows(step.rebuild)
+            if step.prefill:
+                tokens, logprobs, version = self._first_step(step)
+                self.stats.generated_tokens += tokens.shape[0]
+                out_t, out_lp, versions = tokens.unsqueeze(1), logprobs.unsqueeze(1), [version]
+            else:
+                out_t, out_lp, versions = self._decode_steps(step)
+        seconds = time.perf_counter() - start
+        self.stats.compute_seconds += seconds
+        return StepResult(out_t.tolist(), out_lp.tolist(), versions, seconds)
+
+    def _first_step(self, step: Step) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """One decode step over the running rows plus the prefill of the new prompts."""
+        w, b = self._w, step.decode_rows
+        with self.lock:
+            version = self._version()
+            toks, lps = [], []
+            if b:
+                if step.rebuild is None:
+                    self._advance(b)
+                tok, lp = self._decode_one(step.decode_len, step.chunks)
+                toks.append(tok)
+                lps.append(lp)
+                self.stats.decode_steps += 1
+            tok, lp = self._prefill(step.prefill, step.prefill_keys, b)
+            toks.append(tok)
+            lps.append(lp)
+            tokens = toks[0] if len(toks) == 1 else torch.cat(toks)
+            w["last"] = tokens
+        return tokens, lps[0] if len(lps) == 1 else torch.cat(lps), version
+
+    def _decode_steps(self, step: Step) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+        """Up to ``step.max_steps`` decode steps; stops after a stop token or an event."""
+        w, b = self._w, step.decode_rows
+        out_t = torch.empty(b, step.max_steps, dtype=torch.int64)
+        out_lp = torch.empty(b, step.max_steps, dtype=torch.float32)
+        versions: list[int] = []
+        stop = w.get("stop")
+        for j in range(step.max_steps):
+            with self.lock:
+                versions.append(self._version())
+                if j or step.rebuild is None:
+                    self._advance(b)
+                chunks = [(r0, r1, t + j) for r0, r1, t in step.chunks]
+                tok, lp = self._decode_one(step.decode_len + j, chunks)
+            w["last"] = tok
+            out_t[:, j] = tok
+            out_lp[:, j] = lp
+            self.stats.decode_steps += 1
+            self.stats.generated_tokens += b
+            if stop is not None and bool((stop == tok.unsqueeze(1)).any()):
+                break
+            if self._events() != step.events:
+                break
+        n = len(versions)
+        return out_t[:, :n], out_lp[:, :n], versions
+
+    def _advance(self, b: int) -> None:
+        w = self._w
+        w["tok"] = w["last"][:b]
+        w["pos"] += 1
+        w["ctr"] += 1
+
+    def _decode_one(
+        self, length: int, chunks: list[tuple[int, int, int]]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        w = self._w
+        logits = self.model.decode(w["tok"], w["pos"], self.cache, length, chunks)
+        params: RowParams = w["params"]
+        u = None if params.all_greedy else torch.from_numpy(uniforms(w["key"], w["ctr"]))
+        return sample(logits, params, u)
+
+    def _load_rows(self, rebuild: dict[str, list[Any]]) -> None:
+        w = self._w
+        w["tok"] = torch.tensor(rebuild["tok"], dtype=torch.int64)
+        w["pos"] = torch.tensor(rebuild["pos"], dtype=torch.int64)
+        w["key"] = np.array(rebuild["key"], dtype=np.uint64)
+        w["ctr"] = np.array(rebuild["ctr"], dtype=np.uint64)
+        ps = rebuild["params"]
+        w["params"] = RowParams.build(
+            [p.temperature for p in ps], [p.top_k for p in ps], [p.top_p for p in ps]
+        )
+        stops: list[frozenset[int]] = rebuild["stop"]
+        width = max(len(s) for s in stops)
+        if width:
+            table = torch.full((len(stops), width), -1, dtype=torch.int64)
+            for row, ids in enumerate(stops):
+                if ids:
+                    table[row, : len(ids)] = torch.tensor(sorted(ids), dtype=torch.int64)
+            w["stop"] = table
+        else:
+            w.pop("stop", None)
+
+    def _prefill(
+        self, requests: list[Request], keys: list[int], first_row: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Prefill ``requests`` into rows from ``first_row``; sample each sample's first token.
+
+        Prompts are grouped by length (`group_by_length`) so padding stays small;
+        each group is one forward whose keys/values go to the rows of all the
+        group's samples.
+        """
+        offsets, total = [], 0
+        for r in requests:
+            offsets.append(total)
+            total += r.params.n
+        model = self.model
+        logits = torch.empty(total, model.vocab_size, dtype=torch.float32)
+        lengths = [len(r.prompt) for r in requests]
+        for group in group_by_length(lengths, PREFILL_OVERHEAD_TOKENS, self.max_prefill_tokens):
+            width = max(lengths[k] for k in group)
+            ids = torch.zeros(len(group), width, dtype=torch.int64)
+            for i, k in enumerate(group):
+                ids[i, : lengths[k]] = torch.tensor(requests[k].prompt, dtype=torch.int64)
+            src = [i for i, k in enumerate(group) for _ in range(requests[k].params.n)]
+            out_rows = [offsets[k] + j for k in group for j in range(requests[k].params.n)]
+            src_t = torch.tensor(src, dtype=torch.int64)
+            rows_t = torch.tensor(out_rows, dtype=torch.int64)
+            lens_t = torch.tensor([lengths[k] for k in group], dtype=torch.int64)
+            shared = len(src) > len(group)  # some prompt has n > 1 samples
+            out = model.prefill(
+                ids, lens_t, self.cache, rows_t + first_row, src_t if shared else None
+            )
+            logits[rows_t] = out.index_select(0, src_t) if shared else out
+            self.stats.prefill_forwards += 1
+        params = [r.params for r in requests for _ in range(r.params.n)]
+        row_params = RowParams.build(
+            [p.temperature for p in params], [p.top_k for p in params], [p.top_p for p in params]
+        )
+        u = None
+        if not row_params.all_greedy:
+            key_arr = np.array(keys, dtype=np.uint64)
+            u = torch.from_numpy(uniforms(key_arr, np.zeros(len(keys), dtype=np.uint64)))
+        return sample(logits, row_params, u)
