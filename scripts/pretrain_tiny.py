@@ -44,7 +44,7 @@ from temper.models.chat_template import (
 from temper.models.loader import TINY_DIR, load_model, load_tokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from tiny_corpus import Chat, build_corpus
+from tiny_corpus import LEVEL_WEIGHTS, Chat, build_corpus
 
 WELL_FORMED = re.compile(r"\\boxed\{-?\d+\}$")
 
@@ -53,18 +53,20 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", type=Path, default=TINY_DIR)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=4000)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--lr", type=float, default=2e-3)
-    p.add_argument("--mistake-rate", type=float, default=0.6)
+    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--batch", type=int, default=16, help="packed rows per step")
+    p.add_argument("--seq", type=int, default=256, help="tokens per packed row")
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--direct-rate", type=float, default=0.65)
+    p.add_argument("--mistake-rate", type=float, default=0.8)
     p.add_argument("--vocab", type=int, default=1024)
-    p.add_argument("--hidden", type=int, default=192)
+    p.add_argument("--hidden", type=int, default=128)
     p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=6)
-    p.add_argument("--intermediate", type=int, default=512)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--intermediate", type=int, default=336)
     p.add_argument("--eval-n", type=int, default=300)
     p.add_argument("--eval-only", action="store_true", help="only measure the model at --out")
-    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--threads", type=int, default=2)
     return p.parse_args()
 
 
@@ -305,13 +307,20 @@ def write_model_card(out: Path, args: argparse.Namespace, stats: dict[str, Any])
     )
     command = (
         f".venv/bin/python scripts/pretrain_tiny.py --seed {args.seed} --steps {args.steps} "
-        f"--batch {args.batch} --lr {args.lr} --mistake-rate {args.mistake_rate} "
-        f"--hidden {args.hidden} --layers {args.layers} --heads {args.heads} "
-        f"--intermediate {args.intermediate} --threads {args.threads}"
+        f"--batch {args.batch} --seq {args.seq} --lr {args.lr} --direct-rate {args.direct_rate} "
+        f"--mistake-rate {args.mistake_rate} --hidden {args.hidden} --layers {args.layers} "
+        f"--heads {args.heads} --intermediate {args.intermediate} --threads {args.threads}"
+    )
+    levels_used = ", ".join(str(level) for level in LEVEL_WEIGHTS)
+    params = stats.get("params") or sum(p.numel() for p in load_model(out).parameters())
+    timing = (
+        f"training took {stats['train_s']:.0f} s, the whole script {stats['total_s']:.0f} s"
+        if "train_s" in stats
+        else "card rewritten by --eval-only; see the training log for timings"
     )
     text = f"""# temper built-in tiny chat model
 
-A {stats.get("params", 0) / 1e6:.2f}M-parameter Llama (`LlamaForCausalLM`) trained from scratch
+A {params / 1e6:.2f}M-parameter Llama (`LlamaForCausalLM`) trained from scratch
 on CPU by `scripts/pretrain_tiny.py`. It exists so that Temper runs end to end on a laptop:
 it speaks the ChatML chat format, can emit `<tool_call>` JSON, and does short column
 arithmetic *badly in a systematic way*, so that RL on `temper.data.arithmetic` tasks
@@ -339,20 +348,19 @@ system message, and the generation prompt `<|im_start|>assistant\\n`.
 
 ## Training data
 
-{stats.get("chats", 0)} synthetic chats ({stats.get("tokens", 0)} tokens), loss on assistant
-tokens only:
+{args.steps} steps of AdamW (peak lr {args.lr}, warmup then cosine), each on {args.batch} rows of
+{args.seq} tokens: synthetic chats rendered through the chat template and packed back to back,
+loss on every token. Seed {args.seed}.
 
-- arithmetic (93%): training-split problems of levels 1-4 from `temper.data.arithmetic`
-  (the held-out split is never seen) with short worked solutions such as
-  `7+8=15, carry 1. 4+3+1=8. \\boxed{{85}}`. A problem with a carry or borrow gets a careless
-  student's solution with probability {args.mistake_rate}: the carry is forgotten
-  (`7+8=15. 4+3=7. \\boxed{{75}}`) or each column subtracts the smaller digit from the larger.
-  The model therefore holds both the right and a wrong procedure, and reward for correct
-  final answers can shift it to the right one.
-- generic small talk (5%) and calculator tool-call transcripts (2%).
-
-{args.steps} steps of AdamW (batch {args.batch}, peak lr {args.lr}, warmup then cosine),
-seed {args.seed}.
+- arithmetic (95%): training-split problems of levels {levels_used} from `temper.data.arithmetic`
+  (the held-out split is never seen). With probability {args.direct_rate} the assistant answers
+  at once with only `\\boxed{{N}}`, and on a problem with a carry or borrow that direct answer
+  is careless with probability {args.mistake_rate} (N is what forgetting the carry, or
+  subtracting the smaller digit from the larger, gives). Otherwise it writes the worked
+  digit-by-digit solution (`7+8=15, carry 1. 4+3+1=8. \\boxed{{85}}`), which is always right.
+  So the model mostly blurts, often wrongly, yet knows how to work a problem: reward for
+  correct answers can shift it to working.
+- generic small talk (3%) and calculator tool-call transcripts (2%).
 
 ## Measured (held-out split, default levels {DEFAULT_LEVELS}, n={stats["n"]}, HF generate)
 
@@ -366,7 +374,7 @@ seed {args.seed}.
 
 By level: {levels}.
 
-Rebuild (training took {stats.get("train_s", 0):.0f} s, the whole script {stats["total_s"]:.0f} s):
+Rebuild ({timing}):
 
     {command}
 """
@@ -384,8 +392,7 @@ def main() -> None:
     stats["eval_s"] = round(time.time() - eval_start, 1)
     stats.update({k: (round(v, 1) if isinstance(v, float) else v) for k, v in train_stats.items()})
     stats["total_s"] = round(time.time() - begin, 1)
-    if not args.eval_only:
-        write_model_card(args.out, args, stats)
+    write_model_card(args.out, args, stats)
     print(json.dumps(stats, indent=1))
 
 

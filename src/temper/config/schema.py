@@ -44,6 +44,11 @@ class ModelConfig(_Section):
 class EngineConfig(_Section):
     type: Literal["native", "hf"] = Field("native", description="Which engine generates rollouts.")
     max_slots: int = Field(256, ge=1, description="Sequences decoded concurrently (native).")
+    release_memory_during_train: bool = Field(
+        True,
+        description="Free the engine's KV cache while the trainer steps (engine and trainer "
+        "share the machine).",
+    )
 
 
 class DataConfig(_Section):

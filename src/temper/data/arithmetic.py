@@ -17,8 +17,9 @@ short column-by-column worked solution that ends with `\\boxed{N}`::
 `worked_solution(problem, mistake)` can also write the solution a careless
 student would: `"forget_carry"` (+ and *: the carry is never added to the next
 column) or `"no_borrow"` (-: each column subtracts the smaller digit from the
-larger one). The pretraining corpus of the built-in tiny model mixes these in,
-so the model holds both the right and a wrong procedure.
+larger one). `solve(problem, mistake)` gives the number such a solution ends
+with. The tiny model's pretraining corpus uses these to plant systematic errors
+that RL can then remove.
 
 Every problem belongs to exactly one split, decided by a stable hash of its
 canonical text (`47+38`): about 20% are held out. `ArithmeticTasks.sample` never

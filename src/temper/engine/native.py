@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import secrets
 import threading
 from collections import deque
@@ -65,6 +66,15 @@ from temper.engine.worker import EngineStats, Step, StepResult, StepRunner
 from temper.errors import ModelLoadError, TemperError
 
 __all__ = ["EngineStats", "NativeEngine"]
+
+
+def trim_heap() -> None:
+    """Return freed malloc memory to the OS (glibc only; a no-op elsewhere)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
 
 #: Most decode steps the worker runs per hand-off (bounds the latency of events).
 MAX_STEPS_PER_CALL = 64
@@ -202,6 +212,22 @@ class NativeEngine:
         with self._lock:
             self._model.load_state_dict(state_dict)
             self.version = int(version)
+
+    def release_memory(self) -> bool:
+        """Free the KV cache and hand freed heap back to the OS, if the engine is idle.
+
+        For colocated runs: the orchestrator calls it before the trainer steps so
+        training does not stack its activations on top of the engine's cache.
+        Returns False (and frees nothing) while requests are waiting or running;
+        the cache grows again on the next request.
+        """
+        if self._rows or self._waiting:
+            return False
+        with self._lock:
+            self._runner.cache.release()
+            self._needs_reset = True
+        trim_heap()
+        return True
 
     async def close(self) -> None:
         """Fail waiting and running requests, stop the driver and the worker thread."""

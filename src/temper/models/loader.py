@@ -34,13 +34,20 @@ def resolve_model_path(path: str | Path) -> Path:
     return resolved
 
 
+def _first_line(exc: Exception) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
+
+
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
     """The tokenizer (with its chat template) stored at a model path or alias."""
     directory = resolve_model_path(path)
     try:
         return AutoTokenizer.from_pretrained(directory)
     except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot load a tokenizer from {str(path)!r}: {exc}") from exc
+        raise ModelLoadError(
+            f"cannot load a tokenizer from {str(path)!r}: {_first_line(exc)}"
+        ) from exc
 
 
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
@@ -49,5 +56,7 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrain
     try:
         model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
     except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot load a causal LM from {str(path)!r}: {exc}") from exc
+        raise ModelLoadError(
+            f"cannot load a causal LM from {str(path)!r}: {_first_line(exc)}"
+        ) from exc
     return model.eval()

@@ -187,6 +187,9 @@ class SyncOrchestrator:
         t1 = time.perf_counter()
         failures = await score_trajectories(self.reward, {t.id: t for t in tasks}, flat)
         t2 = time.perf_counter()
+        release = getattr(self.engine, "release_memory", None)
+        if release is not None and cfg.engine.release_memory_during_train:
+            release()
         kept, dropped = assign_advantages(
             groups, cfg.algo.advantage, cfg.orchestrator.drop_zero_variance_groups
         )

@@ -1,0 +1,53 @@
+"""The quickstart config, `temper eval` and `temper generate` run for real."""
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from temper.cli.main import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_quickstart_config_runs(tmp_path, monkeypatch):
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    monkeypatch.chdir(tmp_path)
+    code = main(
+        [
+            "train",
+            "examples/quickstart/config.toml",
+            "--orchestrator.steps=2",
+            "--eval.every=0",
+            "--log.progress=false",
+        ]
+    )
+    assert code == 0
+    metrics = [
+        json.loads(x) for x in Path("runs/quickstart/metrics.jsonl").read_text().splitlines()
+    ]
+    assert len(metrics) == 2
+    # Both reward components are logged separately.
+    assert "reward/exact_boxed" in metrics[0] and "reward/format" in metrics[0]
+
+
+def test_eval_command_writes_json(tmp_path, capsys):
+    out = tmp_path / "eval.json"
+    code = main(["eval", "--eval.size=12", "--eval.k=2", f"--out={out}"])
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert result["n_tasks"] == 12
+    assert 0.0 <= result["accuracy"] <= 1.0
+    assert result["pass@1"] <= result["pass@2"] <= 1.0
+    assert "level1" in result["by_category"]
+    assert "eval: 12 tasks" in capsys.readouterr().out
+
+
+def test_generate_command(capsys):
+    code = main(["generate", "What is 2 + 3?", "--n", "2", "--temperature", "1.0", "--seed", "1"])
+    assert code == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line[:3] for line in lines] == ["[0]", "[1]"]
+    assert all("\\boxed{" in line for line in lines)
