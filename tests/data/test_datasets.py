@@ -47,7 +47,8 @@ def test_field_mapping_and_gsm8k_extraction(tmp_path):
     assert [t.id for t in tasks] == ["a", "b"]
     assert [t.answer for t in tasks] == ["4", "1500"]
     assert [t.category for t in tasks] == ["easy", "hard"]
-    assert tasks[0].columns == {}
+    # The raw answer column is kept under its own name for TRL-style reward functions.
+    assert tasks[0].columns == {"solution": ROWS[0]["solution"]}
     assert tasks[0].messages() == [{"role": "user", "content": "What is 2+2?"}]
 
 
@@ -74,7 +75,7 @@ def test_parquet(tmp_path):
         path, prompt_field="question", answer_field="solution", answer_extractor="gsm8k"
     )
     assert [t.answer for t in tasks] == ["4", "1500"]
-    assert tasks[1].columns == {"level": "hard", "uid": "b"}
+    assert tasks[1].columns == {"level": "hard", "uid": "b", "solution": ROWS[1]["solution"]}
     assert tasks[1].id == "data-1"
 
 

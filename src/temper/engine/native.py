@@ -70,10 +70,8 @@ __all__ = ["EngineStats", "NativeEngine"]
 
 def trim_heap() -> None:
     """Return freed malloc memory to the OS (glibc only; a no-op elsewhere)."""
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 #: Most decode steps the worker runs per hand-off (bounds the latency of events).
