@@ -378,3 +378,30 @@ def test_worker_runs_many_decode_steps_per_hand_off(llama) -> None:
         torch.testing.assert_close(torch.tensor(out.samples[0].logprobs), ref, atol=1e-4, rtol=0)
     alone = run(engine.generate(PROMPTS[0], sampled(max_new=30)))
     assert alone.samples[0].token_ids == long.samples[0].token_ids
+
+
+def test_release_memory_frees_the_cache_only_when_idle(llama) -> None:
+    engine = NativeEngine(llama)
+    initial = engine._runner.cache.nbytes()
+    # 32 samples need more rows than the initial allocation, so the cache grows.
+    params = SamplingParams(n=32, temperature=0, max_new_tokens=12, ignore_eos=True)
+    first = run(engine.generate(PROMPTS[0], params)).samples[0].token_ids
+    grown = engine._runner.cache.nbytes()
+    assert grown > initial
+    done_before = engine.stats.generated_tokens
+
+    async def busy() -> bool:
+        long = SamplingParams(temperature=0, max_new_tokens=100, ignore_eos=True)
+        task = asyncio.create_task(engine.generate(PROMPTS[1], long))
+        while engine.stats.generated_tokens - done_before < 5:
+            await asyncio.sleep(0.001)
+        assert not task.done()
+        refused = not engine.release_memory()
+        await task
+        return refused
+
+    assert run(busy()), "release_memory must refuse while a request is running"
+    assert engine.release_memory()
+    assert engine._runner.cache.nbytes() == initial
+    # The engine keeps working (and gives the same greedy tokens) after a release.
+    assert run(engine.generate(PROMPTS[0], params)).samples[0].token_ids == first
