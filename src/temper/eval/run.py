@@ -54,7 +54,7 @@ async def generate_text(
     try:
         task = Task(id="cli", prompt=prompt)
         ids, _ = PromptRenderer(tokenizer).render(task)
-        check_prompt_fits(task, ids, engine.max_context, max_new_tokens)
+        check_prompt_fits(task, ids, engine.max_context)
         params = SamplingParams(
             n=n, temperature=temperature, max_new_tokens=max_new_tokens, seed=seed
         )

@@ -133,7 +133,7 @@ class SyncOrchestrator:
         tasks += getattr(self.sampler, "tasks", [])
         for task in tasks:
             ids, _ = self.renderer.render(task)
-            check_prompt_fits(task, ids, self.engine.max_context, 1)
+            check_prompt_fits(task, ids, self.engine.max_context)
 
     def _restore(self, ckpt: Path) -> None:
         state, trainer_state, rng = load_checkpoint_state(ckpt)

@@ -35,16 +35,17 @@ class PromptRenderer:
         return list(ids), text
 
 
-def check_prompt_fits(
-    task: Task, prompt_ids: list[int], max_context: int, max_new_tokens: int
-) -> None:
-    """Raise PromptTooLongError when the prompt leaves no room to generate."""
+def check_prompt_fits(task: Task, prompt_ids: list[int], max_context: int) -> None:
+    """Raise PromptTooLongError when the prompt leaves no room to generate.
+
+    A prompt that fits but leaves fewer than max_new_tokens positions is allowed:
+    its samples stop at the context limit with finish_reason "length".
+    """
     if len(prompt_ids) >= max_context:
         raise PromptTooLongError(
             f"task {task.id}: prompt is {len(prompt_ids)} tokens, longer than the model "
             f"context ({max_context} tokens)"
         )
-    del max_new_tokens  # generation past the context stops with finish_reason "length"
 
 
 async def rollout_group(
@@ -94,7 +95,7 @@ async def rollout_groups(
     coros = []
     for i, task in enumerate(tasks):
         ids, text = renderer.render(task)
-        check_prompt_fits(task, ids, engine.max_context, params.max_new_tokens)
+        check_prompt_fits(task, ids, engine.max_context)
         p = params if seed is None else replace(params, seed=seed * 100003 + i)
         coros.append(rollout_group(engine, renderer.tokenizer, task, ids, text, p, i))
     return list(await asyncio.gather(*coros))
