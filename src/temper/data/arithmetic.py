@@ -30,11 +30,11 @@ from __future__ import annotations
 
 import hashlib
 import random
-import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from temper.data.base import Task
+from temper.rewards.answers import extract_boxed
 
 LEVELS: tuple[int, ...] = (1, 2, 3, 4)
 DEFAULT_LEVELS: tuple[int, ...] = (1, 2, 3)
@@ -218,15 +218,6 @@ def worked_solution(problem: Problem, mistake: str | None = None) -> str:
     """
     steps, result = _steps(problem, mistake)
     return " ".join([*steps, f"\\boxed{{{result}}}"])
-
-
-_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
-
-
-def extract_boxed(text: str) -> str | None:
-    """The content of the last `\\boxed{...}` in `text`, stripped, or None."""
-    found = _BOXED.findall(text)
-    return found[-1].strip() if found else None
 
 
 def is_correct(task: Task, completion: str) -> bool:
