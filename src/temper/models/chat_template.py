@@ -16,6 +16,11 @@ Assistant turns are wrapped in `{% generation %}` so
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from temper.errors import TemperError
+
 IM_START = "<|im_start|>"
 IM_END = "<|im_end|>"
 ENDOFTEXT = "<|endoftext|>"
@@ -74,3 +79,126 @@ CHATML_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
+
+
+# --------------------------------------------------------------------------------------
+# Incremental rendering for token-in/token-out multi-turn rollouts (any HF chat template).
+
+
+class ChatTemplateError(TemperError):
+    """A chat template that cannot be rendered incrementally."""
+
+
+#: Placeholder contents of the dummy conversation used to find template boundaries.
+_DUMMY_USER = "temper-dummy-user"
+_DUMMY_ASSISTANT = "temper-dummy-assistant"
+
+
+class IncrementalRenderer:
+    """Renders a conversation through a tokenizer's chat template, one piece at a time.
+
+    `prompt(messages)` renders the first observation with the generation
+    prompt. After the engine samples an assistant turn, `close_turn(ids)` gives
+    what the template still puts after those ids (e.g. ChatML's "\\n" after a
+    sampled `<|im_end|>`), and `observation(messages)` gives the tokens of the
+    new messages plus the next generation prompt. Sampled ids are never
+    re-tokenised.
+
+    How: the template renders a dummy conversation `[user, assistant]` (the
+    prefix) and the same conversation followed by the new messages with the
+    generation prompt; the new tokens are the second rendering's ids after the
+    first's. Both the text and the ids of the prefix must be a true prefix of
+    the longer rendering, else `ChatTemplateError` is raised. This assumes, as
+    ChatML, Hermes/Qwen and Llama-3 templates do, that how new messages render
+    depends on the history only through the preceding assistant turn's role.
+    The turn's closing is read off the same dummy: the text the template puts
+    after the assistant content (ChatML: `<|im_end|>\\n`), split into the
+    end-of-turn ids (up to and including the first stop id: the tokenizer's eos
+    or `stop_token_ids`) and the separator after them.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        tools: list[dict[str, Any]] | None = None,
+        stop_token_ids: Iterable[int] = (),
+        **template_kwargs: Any,
+    ) -> None:
+        self.tokenizer = tokenizer
+        self.tools = tools or None
+        self.template_kwargs = template_kwargs
+        stops = set(stop_token_ids)
+        if tokenizer.eos_token_id is not None:
+            stops.add(int(tokenizer.eos_token_id))
+        base = [{"role": "user", "content": _DUMMY_USER}]
+        with_prompt = self.render_text(base, add_generation_prompt=True)
+        self._prefix = [*base, {"role": "assistant", "content": _DUMMY_ASSISTANT}]
+        self._prefix_text = self.render_text(self._prefix, add_generation_prompt=False)
+        if not self._prefix_text.startswith(with_prompt + _DUMMY_ASSISTANT):
+            raise ChatTemplateError(
+                "chat template: an assistant message does not render as the generation prompt "
+                "followed by its content, so sampled turns cannot be spliced in"
+            )
+        self._prefix_ids = self.encode(self._prefix_text)
+        closing_text = self._prefix_text[len(with_prompt) + len(_DUMMY_ASSISTANT) :]
+        closing = self.encode(closing_text)
+        if not closing or self._prefix_ids[-len(closing) :] != closing:
+            raise ChatTemplateError(
+                f"chat template: the assistant turn's closing {closing_text!r} does not tokenize "
+                "on its own as it does in context"
+            )
+        cut = next((i + 1 for i, t in enumerate(closing) if t in stops), None)
+        if cut is None:
+            raise ChatTemplateError(
+                f"chat template closes an assistant turn with {closing_text!r}, which holds none "
+                f"of the stop token ids {sorted(stops)}; pass the end-of-turn id in stop_token_ids"
+            )
+        #: Ids that end an assistant turn (ChatML: [<|im_end|>]).
+        self.end_of_turn_ids: list[int] = closing[:cut]
+        #: Ids the template puts after the end of turn, before the next message (ChatML: ["\n"]).
+        self.separator_ids: list[int] = closing[cut:]
+
+    def render_text(self, messages: list[dict[str, Any]], add_generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages,
+            tools=self.tools,
+            add_generation_prompt=add_generation_prompt,
+            tokenize=False,
+            **self.template_kwargs,
+        )
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def prompt(self, messages: list[dict[str, Any]]) -> tuple[list[int], str]:
+        """Ids and text of the first observation, ending with the generation prompt."""
+        text = self.render_text(messages, add_generation_prompt=True)
+        return self.encode(text), text
+
+    def close_turn(self, sampled_ids: Sequence[int]) -> list[int]:
+        """Ids to append after a sampled turn so it ends the way the template ends turns.
+
+        The separator if the sample ends with the end-of-turn ids; otherwise
+        (length cut, or another stop token) the end-of-turn ids and the separator.
+        """
+        n = len(self.end_of_turn_ids)
+        if n and list(sampled_ids[-n:]) == self.end_of_turn_ids:
+            return list(self.separator_ids)
+        return [*self.end_of_turn_ids, *self.separator_ids]
+
+    def observation(self, messages: list[dict[str, Any]]) -> list[int]:
+        """Ids of `messages` plus the next generation prompt, to follow a closed turn."""
+        text = self.render_text([*self._prefix, *messages], add_generation_prompt=True)
+        roles = [m.get("role") for m in messages]
+        if not text.startswith(self._prefix_text):
+            raise ChatTemplateError(
+                f"chat template re-renders earlier messages when {roles} are added; it cannot be "
+                "rendered incrementally"
+            )
+        ids = self.encode(text)
+        if ids[: len(self._prefix_ids)] != self._prefix_ids:
+            raise ChatTemplateError(
+                f"tokenizing the conversation with {roles} added changes the tokens of the earlier "
+                "messages (a merge across the message boundary); cannot render incrementally"
+            )
+        return ids[len(self._prefix_ids) :]

@@ -6,6 +6,14 @@ episodes, observation tokens appended between turns. `loss_mask[i]` is 1 only
 for tokens the policy sampled; `behaviour_logprobs[i]` and `versions[i]` are the
 engine's logprob and weight version for sampled tokens (0.0 / -1 elsewhere).
 Nothing here is ever re-tokenised from text.
+
+Multi-turn episodes (`temper.rollout.multi_turn`) also fill the fields after
+`advantage`: `turn_spans[k]` is the [start, end) range of turn k's sampled ids
+in `response_ids`, `turn_rewards[k]` its env reward (0.0 when the env gave
+none), `messages` the conversation as chat messages (for logs and judges),
+`env_info`/`env_metrics` the env's merged info and summed counters, and
+`env_error` the reason when the env failed. Single-turn trajectories keep the
+defaults (one turn, nothing else).
 """
 
 from __future__ import annotations
@@ -32,6 +40,13 @@ class Trajectory:
     reward_error: str | None = None
     correct: bool | None = None
     advantage: float = 0.0
+    num_turns: int = 1
+    turn_spans: list[tuple[int, int]] = field(default_factory=list)
+    turn_rewards: list[float] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    env_info: dict[str, Any] = field(default_factory=dict)
+    env_metrics: dict[str, float] = field(default_factory=dict)
+    env_error: str | None = None
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)
