@@ -1,0 +1,307 @@
+"""Building blocks shared by the cold path and the warm pool.
+
+- `sandbox_argv`: the bubblewrap command line (what is visible inside, and how).
+- `launcher`: the prefix that starts bwrap as the sandbox uid when we are root.
+- `probe`: does bwrap actually start here (cached per binary and uid)?
+- scratch dirs: create, fill with input files, collect output files without
+  following links planted by the sandboxed code, empty, remove.
+
+Nothing here starts untrusted code by itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+import threading
+from pathlib import PurePosixPath
+
+from temper.sandbox.config import WORKDIR, SandboxConfig
+
+log = logging.getLogger("temper.sandbox")
+
+#: Top-level system dirs bound read-only (or re-created as the same symlink).
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+#: The only parts of /etc that are visible: what the dynamic loader, name lookup
+#: of users/groups, time zones, TLS roots and `alternatives` symlinks need.
+ETC_ENTRIES = (
+    "passwd",
+    "group",
+    "nsswitch.conf",
+    "hosts",
+    "localtime",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "alternatives",
+    "ssl",
+    "mime.types",
+)
+PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+def _under(path: str, roots: tuple[str, ...]) -> bool:
+    return any(path == r or path.startswith(r + "/") for r in roots)
+
+
+def sandbox_argv(cfg: SandboxConfig, bwrap: str, scratch: str) -> list[str]:
+    """The bwrap arguments (up to and including ``--``) for a sandbox whose
+    writable working dir /sandbox is the host dir ``scratch``."""
+    argv = [
+        bwrap,
+        # --unshare-all, but with a user namespace required (not just tried),
+        # which --disable-userns needs.
+        "--unshare-user",
+        "--unshare-ipc",
+        "--unshare-pid",
+        "--unshare-net",
+        "--unshare-uts",
+        "--unshare-cgroup-try",
+        "--disable-userns",
+        "--die-with-parent",
+        "--new-session",
+        "--cap-drop",
+        "ALL",
+        "--uid",
+        str(cfg.uid),
+        "--gid",
+        str(cfg.gid),
+        "--hostname",
+        "sandbox",
+        "--clearenv",
+    ]
+    env = {"PATH": PATH, "HOME": WORKDIR, "LANG": "C.UTF-8", "TMPDIR": "/tmp", **cfg.env}
+    for key, value in env.items():
+        argv += ["--setenv", key, value]
+    for d in SYSTEM_DIRS:
+        if os.path.islink(d):
+            argv += ["--symlink", os.readlink(d), d]
+        elif os.path.isdir(d):
+            argv += ["--ro-bind", d, d]
+    for name in ETC_ENTRIES:
+        argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    prefix = os.path.dirname(os.path.dirname(os.path.realpath(cfg.python)))
+    extra = list(cfg.ro_binds)
+    if not _under(os.path.realpath(cfg.python), SYSTEM_DIRS):
+        extra.append(prefix)
+    for path in extra:
+        argv += ["--ro-bind", path, path]
+    size = str(cfg.tmpfs_mb << 20)
+    argv += [
+        "--proc",
+        "/proc",
+        "--dev",
+        "/dev",
+        "--size",
+        size,
+        "--tmpfs",
+        "/dev/shm",
+        "--size",
+        size,
+        "--tmpfs",
+        "/tmp",
+        "--bind",
+        scratch,
+        WORKDIR,
+        "--chdir",
+        WORKDIR,
+        # bwrap's root and /dev are writable tmpfs until remounted.
+        "--remount-ro",
+        "/dev",
+        "--remount-ro",
+        "/",
+        "--",
+    ]
+    return argv
+
+
+def launcher(cfg: SandboxConfig) -> list[str]:
+    """Prefix that drops from root to the sandbox uid before bwrap starts.
+
+    As root, bwrap would map the sandbox uid to host uid 0, which owns most host
+    files; started as ``cfg.uid`` its user namespace maps to that unprivileged
+    uid instead. `setpriv` (util-linux) keeps Popen on its fast vfork path
+    (Popen's own ``user=`` forces a full fork of a possibly large process).
+    Not root: no prefix, the sandbox maps to our own uid.
+    """
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        raise RuntimeError("running as root needs util-linux's setpriv to drop to the sandbox uid")
+    return [setpriv, f"--reuid={cfg.uid}", f"--regid={cfg.gid}", "--clear-groups", "--"]
+
+
+def prlimit_argv(cfg: SandboxConfig) -> list[str]:
+    """``prlimit ... --`` applying the config's rlimits to the command after it."""
+    lim = cfg.limits()
+    return [
+        shutil.which("prlimit") or "prlimit",
+        f"--cpu={lim['cpu']}:{lim['cpu'] + 1}",
+        f"--as={lim['as']}",
+        f"--fsize={lim['fsize']}",
+        f"--nproc={lim['nproc']}",
+        f"--nofile={lim['nofile']}",
+        "--core=0",
+        "--msgqueue=0",
+        "--",
+    ]
+
+
+_probe_lock = threading.Lock()
+_probe_cache: dict[tuple[str, int, str], str | None] = {}
+
+
+def probe(cfg: SandboxConfig) -> tuple[str | None, str | None]:
+    """(bwrap path, None) when a sandbox starts here, else (None, the reason).
+
+    Runs one real sandbox (``true`` under prlimit) the first time per binary, uid
+    and interpreter, so a missing binary, disabled user namespaces or an
+    untraversable scratch root are found before any user code runs.
+    """
+    path = shutil.which(cfg.bwrap)
+    if path is None:
+        return None, f"bubblewrap binary {cfg.bwrap!r} not found"
+    key = (path, cfg.uid, cfg.python)
+    with _probe_lock:
+        if key not in _probe_cache:
+            _probe_cache[key] = _try_start(cfg, path)
+        reason = _probe_cache[key]
+    return (None, reason) if reason else (path, None)
+
+
+def _try_start(cfg: SandboxConfig, path: str) -> str | None:
+    if shutil.which("prlimit") is None:
+        return "util-linux prlimit not found"
+    scratch = make_scratch(cfg)
+    try:
+        argv = [*launcher(cfg), *sandbox_argv(cfg, path, scratch), *prlimit_argv(cfg), "true"]
+        done = subprocess.run(argv, capture_output=True, timeout=30, check=False)
+        if done.returncode != 0:
+            return f"bubblewrap failed to start: {done.stderr.decode(errors='replace').strip()}"
+        if not os.access(cfg.python, os.X_OK):
+            return f"interpreter {cfg.python} not executable"
+        return None
+    except (OSError, RuntimeError, subprocess.TimeoutExpired) as e:
+        return f"bubblewrap failed to start: {e}"
+    finally:
+        remove_tree(scratch)
+
+
+# ---------------------------------------------------------------- scratch dirs
+
+
+def make_scratch(cfg: SandboxConfig) -> str:
+    """A fresh host dir (mode 0700) owned by the sandbox uid."""
+    path = tempfile.mkdtemp(prefix="temper-sandbox-", dir=cfg.scratch_root)
+    if os.geteuid() == 0:
+        os.chown(path, cfg.uid, cfg.gid)
+    return path
+
+
+def _parts(rel: str) -> list[str]:
+    """The components of a relative path inside the scratch dir; ValueError for
+    absolute paths, '..', or empty names."""
+    p = PurePosixPath(rel)
+    if p.is_absolute() or not p.parts or ".." in p.parts:
+        raise ValueError(f"sandbox file path {rel!r} must be relative, without '..'")
+    return list(p.parts)
+
+
+def write_files(cfg: SandboxConfig, scratch: str, files: dict[str, str | bytes]) -> None:
+    """Write input files (relative paths; parents created), owned by the sandbox
+    uid so the code may change or delete them. Called only while no sandboxed
+    process runs, on a dir the host itself created or emptied."""
+    chown = os.geteuid() == 0
+    for rel, content in files.items():
+        parts = _parts(rel)
+        target = os.path.join(scratch, *parts)
+        for i in range(1, len(parts)):
+            d = os.path.join(scratch, *parts[:i])
+            if not os.path.isdir(d):
+                os.mkdir(d)
+                if chown:
+                    os.chown(d, cfg.uid, cfg.gid)
+        data = content.encode() if isinstance(content, str) else content
+        with open(target, "wb") as f:
+            f.write(data)
+        if chown:
+            os.chown(target, cfg.uid, cfg.gid)
+
+
+def collect_files(
+    scratch: str, paths: list[str], max_bytes: int
+) -> tuple[dict[str, bytes], list[str]]:
+    """Read the requested files out of a scratch dir the sandboxed code wrote.
+
+    Each path component is opened with O_NOFOLLOW relative to its parent, so a
+    symlink the code planted (say ``out.txt -> /etc/shadow``) is refused rather
+    than read with the host's privileges. Only regular files up to ``max_bytes``
+    come back; the rest are listed as missing.
+    """
+    files: dict[str, bytes] = {}
+    missing: list[str] = []
+    for rel in paths:
+        try:
+            data = _read_inside(scratch, _parts(rel), max_bytes)
+        except (OSError, ValueError):
+            data = None
+        if data is None:
+            missing.append(rel)
+        else:
+            files[rel] = data
+    return files, missing
+
+
+def _read_inside(root: str, parts: list[str], max_bytes: int) -> bytes | None:
+    nofollow = os.O_NOFOLLOW | os.O_CLOEXEC
+    dir_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | nofollow)
+    try:
+        for name in parts[:-1]:
+            nxt = os.open(name, os.O_RDONLY | os.O_DIRECTORY | nofollow, dir_fd=dir_fd)
+            os.close(dir_fd)
+            dir_fd = nxt
+        # O_NONBLOCK: opening a FIFO the code left must not hang us.
+        fd = os.open(parts[-1], os.O_RDONLY | os.O_NONBLOCK | nofollow, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:
+            return None
+        data = f.read(max_bytes + 1)
+    return data if len(data) <= max_bytes else None
+
+
+def _force_remove(func, path, _exc) -> None:
+    # Code may leave dirs without read/write/exec bits; as their owner (or as
+    # root) we can restore them and retry.
+    os.chmod(os.path.dirname(path), 0o700)
+    if os.path.isdir(path) and not os.path.islink(path):
+        os.chmod(path, 0o700)
+        shutil.rmtree(path)
+    else:
+        func(path)
+
+
+def clear_dir(path: str) -> None:
+    """Remove everything inside ``path`` (links are removed, never followed)."""
+    os.chmod(path, 0o700)
+    for name in os.listdir(path):
+        child = os.path.join(path, name)
+        if os.path.isdir(child) and not os.path.islink(child):
+            shutil.rmtree(child, onerror=_force_remove)
+        else:
+            os.unlink(child)
+
+
+def remove_tree(path: str) -> None:
+    """Delete a scratch dir; logs instead of raising (cleanup must not mask results)."""
+    try:
+        shutil.rmtree(path, onerror=_force_remove)
+    except OSError as e:
+        log.warning("could not remove sandbox scratch dir %s: %s", path, e)

@@ -1,0 +1,302 @@
+"""`SandboxPool`: the `Sandbox` API served by pre-started (warm) sandboxes.
+
+Each worker is a bubblewrap sandbox, configured exactly like a cold one, whose
+only process (besides bwrap's init) is a small trusted Python server
+(`_server.py`, stdlib only, nothing heavy imported). Per request it forks a
+handler, which forks the untrusted child, applies the rlimits in that child and
+runs the command (exec) or the snippet (in the forked interpreter: no Python
+start-up cost). So a warm call costs two forks instead of bwrap plus a new
+interpreter.
+
+Trade-off (also in docs/sandbox.md): a worker serves up to ``pool_max_uses``
+requests. Between two requests every process but the server is killed, /tmp,
+/dev/shm and SysV IPC are emptied, /sandbox is emptied by the host, and the
+server's memory never holds request data. What a reused worker does *not*
+reset is kernel state tied to its namespaces that outlives processes (e.g.
+kernel keyrings): with ``pool_max_uses=1`` every request gets a brand-new
+sandbox and the pool only hides start-up latency. Untrusted code can kill the
+server (same uid); the worker then dies, the call reports ``error``, and the
+pool starts a replacement.
+
+Without working bubblewrap the pool does not pre-start anything: calls take the
+cold fallback of `Sandbox` (no fork server outside a pid namespace, where its
+``kill(-1)`` clean-up would hit the host).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+import weakref
+from pathlib import Path
+
+from temper.sandbox import _server
+from temper.sandbox.bwrap import (
+    PATH,
+    clear_dir,
+    collect_files,
+    launcher,
+    make_scratch,
+    remove_tree,
+    sandbox_argv,
+    write_files,
+)
+from temper.sandbox.config import WORKDIR, SandboxError, SandboxResult
+from temper.sandbox.sandbox import Job, Sandbox
+
+SERVER_SOURCE = Path(__file__).with_name("_server.py").read_text()
+#: Seconds a new worker may take to report ready.
+START_TIMEOUT_S = 30.0
+#: Seconds beyond the request timeout before the host gives up on a worker.
+ANSWER_GRACE_S = 5.0
+#: Seconds a worker may take to clean up after a request.
+CLEAN_TIMEOUT_S = 5.0
+
+
+class _Worker:
+    """One warm sandbox and its protocol pipes (host side)."""
+
+    def __init__(self, argv: list[str], scratch: str) -> None:
+        self.scratch = scratch
+        self.uses = 0
+        self.ready = False
+        self._buf = bytearray()
+        req_r, self._req_w = os.pipe()
+        self._resp_r, resp_w = os.pipe()
+        try:
+            self.proc = subprocess.Popen(
+                argv,
+                stdin=req_r,
+                stdout=resp_w,
+                stderr=subprocess.DEVNULL,
+                env={"PATH": PATH},
+                cwd="/",
+                close_fds=True,
+                start_new_session=True,
+            )
+        finally:
+            os.close(req_r)
+            os.close(resp_w)
+
+    def send(self, obj: dict) -> None:
+        _server.write_frame(self._req_w, obj)
+
+    def read_frame(self, deadline: float) -> dict | None:
+        """The next frame, or None on EOF, deadline or a malformed frame."""
+        try:
+            head = self._read(4, deadline)
+            if head is None:
+                return None
+            size = int.from_bytes(head, "big")
+            if size > _server.MAX_FRAME:
+                return None
+            body = self._read(size, deadline)
+            return None if body is None else json.loads(body)
+        except (ValueError, OSError):
+            return None
+
+    def _read(self, n: int, deadline: float) -> bytes | None:
+        while len(self._buf) < n:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([self._resp_r], [], [], remaining)[0]:
+                return None
+            chunk = os.read(self._resp_r, max(65536, n - len(self._buf)))
+            if not chunk:
+                return None
+            self._buf += chunk
+        data = bytes(self._buf[:n])
+        del self._buf[:n]
+        return data
+
+    def kill(self) -> None:
+        """SIGKILL the whole sandbox and wait for it; idempotent."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
+        for fd in (self._req_w, self._resp_r):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._req_w = self._resp_r = -1
+
+
+def _shutdown(idle: list[_Worker], lock: threading.Lock) -> None:
+    with lock:
+        workers = list(idle)
+        idle.clear()
+    for w in workers:
+        w.kill()
+        remove_tree(w.scratch)
+
+
+class SandboxPool(Sandbox):
+    """`Sandbox` whose calls are served by ``pool_size`` pre-started workers.
+
+    Same methods and results as `Sandbox`. Thread-safe: each call holds one
+    worker; when more calls overlap than workers are ready, extra workers are
+    started on demand (and retired afterwards when the pool is full). Call
+    `close` (or use ``with``) to stop the workers; they also die with this
+    process (bwrap --die-with-parent).
+    """
+
+    def __init__(self, config=None, **overrides) -> None:
+        super().__init__(config, **overrides)
+        self._lock = threading.Lock()
+        self._idle: list[_Worker] = []
+        self._closed = False
+        self._finalizer = weakref.finalize(self, _shutdown, self._idle, self._lock)
+        if self.isolated:
+            for _ in range(self.config.pool_size):
+                self._idle.append(self._spawn_worker())
+
+    def close(self) -> None:
+        """Kill the idle workers and delete their scratch dirs; busy ones are
+        retired when their call returns."""
+        self._closed = True
+        self._finalizer()
+        super().close()
+
+    # ------------------------------------------------------------ workers
+
+    def _spawn_worker(self) -> _Worker:
+        cfg = self.config
+        assert self._bwrap is not None
+        scratch = make_scratch(cfg)
+        argv = [
+            *launcher(cfg),
+            *sandbox_argv(cfg, self._bwrap, scratch),
+            cfg.python,
+            "-I",
+            "-c",
+            SERVER_SOURCE,
+        ]
+        try:
+            return _Worker(argv, scratch)
+        except BaseException:
+            remove_tree(scratch)
+            raise
+
+    def _acquire(self) -> _Worker:
+        while True:
+            with self._lock:
+                worker = self._idle.pop(0) if self._idle else None
+            if worker is None:
+                return self._spawn_worker()
+            if worker.proc.poll() is None:
+                return worker
+            worker.kill()  # died while idle (not by user code): discard it
+            remove_tree(worker.scratch)
+
+    def _release(self, worker: _Worker, reusable: bool) -> None:
+        keep = reusable and worker.uses < self.config.pool_max_uses and not self._closed
+        if keep:
+            try:
+                clear_dir(worker.scratch)
+            except OSError:
+                keep = False
+        if keep:
+            with self._lock:
+                keep = len(self._idle) < self.config.pool_size
+                if keep:
+                    self._idle.append(worker)
+        if keep:
+            return
+        worker.kill()
+        remove_tree(worker.scratch)
+        # Top the pool up; a new worker starts in the background (Popen only).
+        while not self._closed:
+            with self._lock:
+                if len(self._idle) >= self.config.pool_size:
+                    break
+            fresh = self._spawn_worker()
+            with self._lock:
+                self._idle.append(fresh)
+
+    # ------------------------------------------------------------ one call
+
+    def _execute(self, job: Job) -> SandboxResult:
+        if not self.isolated:
+            return super()._execute(job)
+        if self._closed:
+            raise SandboxError("SandboxPool is closed")
+        for attempt in range(2):
+            worker = self._acquire()
+            if worker.ready or self._wait_ready(worker):
+                break
+            # A worker that never became ready ran no user code: retry once.
+            worker.kill()
+            remove_tree(worker.scratch)
+            if attempt == 1:
+                raise SandboxError("sandbox worker failed to start twice")
+        reusable = False
+        try:
+            result, reusable = self._serve(worker, job)
+        finally:
+            self._release(worker, reusable)
+        return result
+
+    def _wait_ready(self, worker: _Worker, timeout: float = START_TIMEOUT_S) -> bool:
+        frame = worker.read_frame(time.monotonic() + timeout)
+        worker.ready = bool(frame and frame.get("ready"))
+        return worker.ready
+
+    def _serve(self, worker: _Worker, job: Job) -> tuple[SandboxResult, bool]:
+        """Run ``job`` on a ready worker. Returns the result and whether the
+        worker came back ready (cleaned) and may serve again."""
+        cfg = self.config
+        write_files(cfg, worker.scratch, job.files)
+        request = {
+            "kind": "python" if job.code is not None else "exec",
+            "code": job.code,
+            "argv": job.argv,
+            "stdin": _server.b64(job.stdin),
+            "cap": cfg.max_output_bytes,
+            "timeout": cfg.timeout_s,
+            "limits": cfg.limits(),
+            "cwd": WORKDIR,
+        }
+        worker.ready = False
+        start = time.monotonic()
+        try:
+            worker.send(request)
+            resp = worker.read_frame(start + cfg.timeout_s + ANSWER_GRACE_S)
+        except OSError:
+            resp = None
+        # Files are read only once nothing untrusted runs: after the server's
+        # clean-up (its ready frame) or after the whole sandbox is dead.
+        alive = resp is not None and self._wait_ready(worker, CLEAN_TIMEOUT_S)
+        if not alive:
+            worker.kill()
+        files, missing = collect_files(worker.scratch, job.collect, cfg.max_file_bytes)
+        worker.uses += 1
+        extra = {"files": files, "missing_files": missing, "isolated": True}
+        if resp is None or "error" in resp:
+            reason = resp["error"] if resp else "sandbox worker died or did not answer"
+            timed_out = resp is None and time.monotonic() - start >= cfg.timeout_s
+            result = SandboxResult(
+                stdout="",
+                stderr="",
+                exit_code=None,
+                timed_out=timed_out,
+                duration_s=time.monotonic() - start,
+                error=reason,
+                **extra,
+            )
+            return result, alive
+        result = SandboxResult.from_output(
+            _server.unb64(resp["stdout"]),
+            _server.unb64(resp["stderr"]),
+            resp["exit_code"],
+            resp["timed_out"],
+            resp["duration"],
+            resp["stdout_truncated"],
+            resp["stderr_truncated"],
+            **extra,
+        )
+        return result, alive

@@ -1,0 +1,157 @@
+"""The calling side: files in and out, exit codes, stdin, async, the warm pool's
+worker lifecycle, config validation, and the rlimits-only fallback."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+
+import pytest
+from pydantic import ValidationError
+
+import temper.sandbox.sandbox as sandbox_module
+from temper.sandbox import IsolationUnavailableError, Sandbox, SandboxConfig, SandboxPool
+
+from .conftest import CONFIG, bwrap_problem, marker, wait_gone
+
+
+def test_files_in_and_out(box):
+    result = box.run(
+        ["sh", "-c", "cat in.txt data/blob.bin > out.txt && mkdir -p res && echo hi > res/a"],
+        files={"in.txt": "text\n", "data/blob.bin": b"\x00\xffbytes"},
+        collect=["out.txt", "res/a", "absent.txt"],
+    )
+    assert result.ok, result
+    assert result.files == {"out.txt": b"text\n\x00\xffbytes", "res/a": b"hi\n"}
+    assert result.missing_files == ["absent.txt"]
+
+
+def test_collect_does_not_follow_planted_links(box):
+    result = box.run(
+        ["sh", "-c", "ln -s /etc/passwd leak && ln -s / root && mkfifo pipe"],
+        collect=["leak", "root/etc/passwd", "pipe"],
+    )
+    assert result.ok, result
+    assert result.files == {}
+    assert result.missing_files == ["leak", "root/etc/passwd", "pipe"]
+
+
+def test_bad_file_paths_are_refused(box):
+    with pytest.raises(ValueError, match="relative"):
+        box.run(["true"], files={"../escape": "x"})
+    with pytest.raises(ValueError, match="relative"):
+        box.run(["true"], files={"/etc/x": "x"})
+
+
+def test_exit_codes_and_stderr(box):
+    r = box.run(["sh", "-c", "echo oops >&2; exit 7"])
+    assert (r.exit_code, r.stderr, r.ok) == (7, "oops\n", False)
+    r = box.run_python("raise SystemExit(3)")
+    assert r.exit_code == 3
+    r = box.run_python("1 / 0")
+    assert r.exit_code == 1
+    assert r.stderr.startswith("Traceback") and "ZeroDivisionError" in r.stderr
+    assert 'File "<string>", line 1' in r.stderr
+    r = box.run_python("import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
+    assert r.exit_code == 128 + 9 and not r.memory_exceeded
+    r = box.run(["no-such-command"])
+    assert r.exit_code == 127
+
+
+def test_stdin_is_fed(box):
+    data = "line\n" * 50_000  # more than a pipe buffer
+    r = box.run_python("import sys; print(len(sys.stdin.read()))", stdin=data)
+    assert r.stdout == f"{len(data)}\n"
+
+
+def test_async_runs_overlap(box):
+    async def main():
+        return await asyncio.gather(
+            *(box.arun_python(f"import time; time.sleep(0.3); print({i})") for i in range(6)),
+            box.arun(["echo", "cmd"]),
+        )
+
+    start = time.monotonic()
+    results = asyncio.run(main())
+    assert time.monotonic() - start < 6 * 0.3  # they ran concurrently
+    assert [r.stdout for r in results] == [f"{i}\n" for i in range(6)] + ["cmd\n"]
+
+
+def test_pool_reuses_workers_and_resets_between_calls():
+    if bwrap_problem():
+        pytest.skip(bwrap_problem())
+    with SandboxPool(CONFIG.model_copy(update={"pool_size": 1, "pool_max_uses": 3})) as pool:
+        server_ids = []
+        for i in range(4):
+            # The server is the parent of this child's parent; its start time
+            # in the namespace identifies the worker.
+            r = pool.run_python(
+                "import os, sys\n"
+                "ppid = os.getppid()\n"
+                "server = open(f'/proc/{ppid}/stat').read().split()[3]\n"
+                "print(open(f'/proc/{server}/stat').read().split()[21], os.listdir('.'),"
+                " os.path.exists('/tmp/mark'))\n"
+                "open('/tmp/mark', 'w').write('x'); open('mine', 'w').write('x')",
+                files={f"in{i}": "x"},
+            )
+            start, *rest = r.stdout.split(" ", 1)
+            assert rest == [f"['in{i}'] False\n"], r
+            server_ids.append(start)
+        assert server_ids[0] == server_ids[1] == server_ids[2]  # one warm worker
+        assert len(pool._idle) == 1  # recycled after 3 uses, replacement ready
+
+
+def test_pool_replaces_a_worker_whose_server_was_killed():
+    if bwrap_problem():
+        pytest.skip(bwrap_problem())
+    with SandboxPool(CONFIG.model_copy(update={"pool_size": 1})) as pool:
+        r = pool.run_python(
+            "import os\n"
+            "server = int(open(f'/proc/{os.getppid()}/stat').read().split()[3])\n"
+            "os.kill(server, 9)"
+        )
+        assert r.error is None or "died" in r.error
+        assert pool.run_python("print('fresh')").stdout == "fresh\n"
+
+
+def test_config_is_validated():
+    with pytest.raises(ValidationError, match="timeout_s"):
+        SandboxConfig(timeout_s=0)
+    with pytest.raises(ValidationError, match="extra"):
+        SandboxConfig(timeout=1)
+    with pytest.raises(ValidationError, match="absolute"):
+        SandboxConfig(ro_binds=["relative/dir"])
+    with pytest.raises(ValueError, match="non-empty list"):
+        Sandbox(CONFIG, allow_fallback=True).run("echo hi")
+
+
+def test_fallback_warns_once_and_still_limits(caplog, monkeypatch):
+    monkeypatch.setattr(sandbox_module, "_warned", False)
+    cfg = CONFIG.model_copy(update={"bwrap": "/nonexistent/bwrap", "allow_fallback": True})
+    with caplog.at_level(logging.WARNING, logger="temper.sandbox"):
+        first, second = Sandbox(cfg), SandboxPool(cfg)
+    warnings = [r for r in caplog.records if "NOT ISOLATED" in r.getMessage()]
+    assert len(warnings) == 1 and "/nonexistent/bwrap" in warnings[0].getMessage()
+    assert not first.isolated and not second.isolated
+    r = first.run_python("import os; print(os.getcwd() != '/sandbox')")
+    assert r.ok and r.stdout == "True\n" and not r.isolated
+    assert first.run_python("x = bytearray(10**9)").memory_exceeded  # rlimits still apply
+    sleeper = marker()
+    r = second.run_python(
+        f"import subprocess; subprocess.Popen(['sleep', '{sleeper}'])\nwhile 1: pass"
+    )
+    assert r.timed_out and not r.isolated
+    assert wait_gone(sleeper) == []  # its process group was killed
+    if os.geteuid() == 0:
+        assert second.run_python("import os; print(os.getuid())").stdout == "65534\n"
+    second.close()
+
+
+def test_fallback_refused_when_isolation_required():
+    cfg = CONFIG.model_copy(update={"bwrap": "/nonexistent/bwrap", "allow_fallback": False})
+    with pytest.raises(IsolationUnavailableError, match="/nonexistent/bwrap"):
+        Sandbox(cfg)
+    with pytest.raises(IsolationUnavailableError):
+        SandboxPool(cfg)
