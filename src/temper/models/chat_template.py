@@ -12,6 +12,10 @@ generation prompt is `<|im_start|>assistant\\n`; an assistant turn ends with
 
 Assistant turns are wrapped in `{% generation %}` so
 `apply_chat_template(..., return_assistant_tokens_mask=True)` marks them.
+
+`IncrementalRenderer` (below) works with any HF chat template: it renders a
+multi-turn conversation piece by piece so sampled ids are never re-tokenised
+(see `temper.rollout.multi_turn` and docs/envs.md).
 """
 
 from __future__ import annotations
