@@ -95,7 +95,8 @@ def run(coro: Any) -> Any:
 class ScriptedEngine:
     """An Engine whose k-th assistant turn in a conversation is `replies[k]`.
 
-    A reply is text (tokenized, then ended with `<|im_end|>`) or (text, stop id).
+    A reply is text (tokenized, then ended with `<|im_end|>`), (text, stop id), or
+    (text, stop string): the text ends with the stop string and no stop token follows.
     It is cut at `max_new_tokens` with finish reason "length", like a real engine.
     Logprobs are distinct made-up values; every token gets `version`.
     """
@@ -103,7 +104,7 @@ class ScriptedEngine:
     def __init__(
         self,
         tokenizer: Any,
-        replies: Sequence[str | tuple[str, int]],
+        replies: Sequence[str | tuple[str, int | str]],
         max_context: int = 512,
         delay_s: float = 0.0,
     ) -> None:
@@ -118,7 +119,8 @@ class ScriptedEngine:
         turn = self.tokenizer.decode(list(prompt_token_ids)).count("<|im_start|>assistant") - 1
         reply = self.replies[min(turn, len(self.replies) - 1)]
         text, stop = reply if isinstance(reply, tuple) else (reply, self.tokenizer.eos_token_id)
-        ids = [*self.tokenizer(text, add_special_tokens=False)["input_ids"], stop]
+        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        ids += [] if isinstance(stop, str) else [stop]
         finish, stop_reason = "stop", stop
         if len(ids) > params.max_new_tokens:
             ids, finish, stop_reason = ids[: params.max_new_tokens], "length", None
@@ -334,6 +336,23 @@ def test_turn_not_ended_by_end_of_turn_token_is_closed(template: str) -> None:
     assert traj.messages[1] == {"role": "assistant", "content": "first"}
 
 
+def test_stop_string_turns_keep_their_text_and_are_closed() -> None:
+    """With a stop string (e.g. "</tool_call>") the turn ends without <|im_end|>: the text
+    keeps the stop string (so the call parses) and the loop closes the turn."""
+    tokenizer = make_tokenizer("tiny")
+    replies = [(call("add", a=2, b=3), "</tool_call>"), "\\boxed{5}"]
+    engine = RecordingEngine(ScriptedEngine(tokenizer, replies, max_context=4096))
+    params = SamplingParams(temperature=0.0, max_new_tokens=160, stop_strings=("</tool_call>",))
+    traj = run(run_episode(engine, CalcEnv(), TASK, tokenizer, params))
+    check_token_io(traj, engine.calls)
+    assert traj.finish_reason == "done" and traj.reward == 1.0
+    assert traj.env_metrics["tool_ok"] == 1.0
+    end = traj.turn_spans[0][1]
+    assert traj.response_ids[end - 1] == tokenizer.convert_tokens_to_ids("</tool_call>")
+    assert traj.response_ids[end : end + 2] == [tokenizer.eos_token_id, tokenizer.encode("\n")[0]]
+    assert traj.messages[2]["content"].endswith("</tool_call>")
+
+
 def test_length_ends_episode_by_default() -> None:
     tokenizer = make_tokenizer("tiny")
     engine = RecordingEngine(ScriptedEngine(tokenizer, ["a reply that is far too long"]))
@@ -464,6 +483,8 @@ def test_run_episodes_records_close_errors_and_cancels_on_raise() -> None:
 
     (group,) = run(run_episodes(engine, lambda t: BadClose(turns=1), [TASK], tokenizer, GREEDY))
     assert group[0].env_info["close_error"] == "RuntimeError: leak"
+    with pytest.raises(ValueError, match="group_size"):
+        run(run_episodes(engine, lambda t: EchoEnv(), [TASK], tokenizer, GREEDY, group_size=0))
     long_task = Task("long", "word " * 600)
     with pytest.raises(PromptTooLongError, match="long"):
         run(run_episodes(engine, lambda t: EchoEnv(), [TASK, long_task], tokenizer, GREEDY))

@@ -32,7 +32,14 @@ from typing import Any
 
 from temper.data.base import Task
 from temper.engine.base import Engine, SampleOutput, SamplingParams
-from temper.envs.base import AssistantTurn, Env, EpisodeLimits, Message, StepResult
+from temper.envs.base import (
+    AssistantTurn,
+    Env,
+    EpisodeFinish,
+    EpisodeLimits,
+    Message,
+    StepResult,
+)
 from temper.envs.tools import parse_tool_calls
 from temper.errors import PromptTooLongError
 from temper.models.chat_template import IncrementalRenderer
@@ -63,7 +70,7 @@ class _Episode:
     env_info: dict[str, Any] = field(default_factory=dict)
     env_metrics: dict[str, float] = field(default_factory=dict)
     env_error: str | None = None
-    finish: str = "max_turns"
+    finish: EpisodeFinish = "max_turns"
     generated: int = 0
 
     def ids(self) -> list[int]:
@@ -129,11 +136,18 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
-def _turn_text(tokenizer: Any, sample: SampleOutput) -> str:
+def _turn_text(tokenizer: Any, sample: SampleOutput, stop_ids: Sequence[int]) -> str:
     """The turn's text without the stop token that ended it (special tokens kept)."""
     ids = sample.token_ids
-    if sample.finish_reason == "stop" and ids and not isinstance(sample.stop_reason, str):
-        ids = ids[:-1]  # the stop token (a stop *string* is part of the text)
+    stop = sample.stop_reason
+    # A stop *string* is part of the text; a stop token is not. Engines that do not
+    # name the stop (stop_reason None) are trusted only for the known stop ids.
+    if (
+        ids
+        and sample.finish_reason == "stop"
+        and (ids[-1] == stop or (stop is None and ids[-1] in stop_ids))
+    ):
+        ids = ids[:-1]
     return tokenizer.decode(ids, skip_special_tokens=False)
 
 
@@ -202,6 +216,7 @@ async def _play(
             f"leaves no room to generate within {max_total} tokens"
         )
     seed = seed if seed is not None else params.seed
+    stop_ids = [*params.stop_token_ids, *renderer.end_of_turn_ids, tokenizer.eos_token_id]
     for index in range(limits.max_turns):
         budget = min(params.max_new_tokens, max_total - len(ep.ids()))
         if limits.max_generated_tokens is not None:
@@ -212,7 +227,7 @@ async def _play(
         turn_params = replace(params, n=1, max_new_tokens=budget, seed=_turn_seed(seed, index))
         sample = (await engine.generate(ep.ids(), turn_params)).samples[0]
         ep.add_sample(sample, engine.version)
-        text = _turn_text(tokenizer, sample)
+        text = _turn_text(tokenizer, sample, stop_ids)
         ep.messages.append({"role": "assistant", "content": text})
         if sample.finish_reason == "abort":
             ep.finish = "abort"
@@ -268,6 +283,10 @@ async def run_episodes(
     in flight (None: all at once). If one episode raises, the others are
     cancelled (their envs closed) and the error is re-raised.
     """
+    if group_size < 1 or (max_concurrency is not None and max_concurrency < 1):
+        raise ValueError(
+            f"group_size and max_concurrency must be >= 1, got {group_size}, {max_concurrency}"
+        )
     gate = asyncio.Semaphore(max_concurrency or len(tasks) * group_size or 1)
 
     async def one(i: int, j: int) -> Trajectory:
