@@ -39,6 +39,8 @@ from temper.envs.base import (
     EpisodeLimits,
     Message,
     StepResult,
+    ToolCall,
+    ToolCallError,
 )
 from temper.envs.tools import parse_tool_calls
 from temper.errors import PromptTooLongError
@@ -46,7 +48,7 @@ from temper.models.chat_template import IncrementalRenderer
 from temper.rollout.trajectory import Trajectory
 
 #: Turns a turn's text into (tool calls, parse errors); the default reads Hermes blocks.
-ToolCallParser = Callable[[str], tuple[list[Any], list[Any]]]
+ToolCallParser = Callable[[str], tuple[list[ToolCall], list[ToolCallError]]]
 
 #: Spacing of per-turn sampling seeds within an episode (> EpisodeLimits.max_turns).
 _TURN_SEED_STRIDE = 1009
@@ -151,6 +153,30 @@ def _turn_text(tokenizer: Any, sample: SampleOutput, stop_ids: Sequence[int]) ->
     return tokenizer.decode(ids, skip_special_tokens=False)
 
 
+def _turn_budget(
+    ep: _Episode, params: SamplingParams, limits: EpisodeLimits, max_total: int
+) -> int:
+    """`max_new_tokens` for the next turn: the sampling setting, clipped by the token limits."""
+    budget = min(params.max_new_tokens, max_total - len(ep.ids()))
+    if limits.max_generated_tokens is not None:
+        budget = min(budget, limits.max_generated_tokens - ep.generated)
+    return budget
+
+
+def _sample_finish(
+    sample: SampleOutput, budget: int, params: SamplingParams, limits: EpisodeLimits
+) -> EpisodeFinish | None:
+    """Why a sampled turn ends the episode, or None when the env should step on it."""
+    if sample.finish_reason == "abort":
+        return "abort"
+    if sample.finish_reason == "length":
+        if budget < params.max_new_tokens:  # cut by a token limit, not by the sampling setting
+            return "token_budget"
+        if not limits.continue_after_length:
+            return "length"
+    return None
+
+
 def _turn_seed(seed: int | None, turn: int) -> int | None:
     return None if seed is None else seed * _TURN_SEED_STRIDE + turn
 
@@ -218,9 +244,7 @@ async def _play(
     seed = seed if seed is not None else params.seed
     stop_ids = [*params.stop_token_ids, *renderer.end_of_turn_ids, tokenizer.eos_token_id]
     for index in range(limits.max_turns):
-        budget = min(params.max_new_tokens, max_total - len(ep.ids()))
-        if limits.max_generated_tokens is not None:
-            budget = min(budget, limits.max_generated_tokens - ep.generated)
+        budget = _turn_budget(ep, params, limits, max_total)
         if budget < 1:
             ep.finish = "token_budget"
             return
@@ -229,14 +253,9 @@ async def _play(
         ep.add_sample(sample, engine.version)
         text = _turn_text(tokenizer, sample, stop_ids)
         ep.messages.append({"role": "assistant", "content": text})
-        if sample.finish_reason == "abort":
-            ep.finish = "abort"
-            return
-        if sample.finish_reason == "length" and budget < params.max_new_tokens:
-            ep.finish = "token_budget"
-            return
-        if sample.finish_reason == "length" and not limits.continue_after_length:
-            ep.finish = "length"
+        finish = _sample_finish(sample, budget, params, limits)
+        if finish is not None:
+            ep.finish = finish
             return
         calls, errors = parser(text)
         turn = AssistantTurn(
