@@ -8,10 +8,13 @@ from __future__ import annotations
 import subprocess
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
 
 from temper.sandbox import Sandbox
 
-from .conftest import CONFIG, marker, wait_gone
+from .conftest import CONFIG, bwrap_problem, marker, wait_gone
 
 
 def test_fork_bomb_is_contained(box):
@@ -114,8 +117,26 @@ except OSError as e:
 
 
 def test_cpu_time_limit():
+    if bwrap_problem():
+        pytest.skip(bwrap_problem())
     sandbox = Sandbox(CONFIG.model_copy(update={"cpu_s": 1, "timeout_s": 5}))
     result = sandbox.run_python("while True:\n    pass")
     assert not result.timed_out
     assert result.exit_code == 128 + 24  # SIGXCPU at the soft limit
     assert result.duration_s < 3
+
+
+def test_process_limit_is_per_sandbox():
+    """RLIMIT_NPROC is counted per user namespace (Linux >= 5.14): a sandbox full
+    of processes does not make fork fail in another one."""
+    if bwrap_problem():
+        pytest.skip(bwrap_problem())
+    sandbox = Sandbox(CONFIG.model_copy(update={"timeout_s": 5}))
+    with ThreadPoolExecutor(1) as pool:
+        crowded = pool.submit(
+            sandbox.run, ["sh", "-c", "for i in $(seq 25); do sleep 1.5 & done; echo up; wait"]
+        )
+        time.sleep(0.5)  # let the first sandbox fill up to ~27 of its 32 processes
+        other = sandbox.run(["sh", "-c", "for i in $(seq 12); do sleep 0.1 & done; wait; echo ok"])
+        assert other.ok and other.stdout == "ok\n", other
+        assert crowded.result().stdout == "up\n"

@@ -13,13 +13,15 @@ Process layout inside one warm sandbox (its own pid namespace)::
        └─ handler (one per request, forked before the request is read)
           └─ child (untrusted: rlimits applied, own session, cwd /sandbox)
 
-The server forks a fresh handler for every request *before* reading it, so the
-server's memory (which every later handler and child inherits) never contains
-an earlier request's code, input or output. After the handler exits the server
+The server forks a fresh handler for every request *before* the request
+arrives, and the handler reads it, so the server's memory (which every later
+handler and child inherits) never contains an earlier request's code, input or
+output. After the handler exits the server
 SIGKILLs every other process in the namespace (`kill(-1)` spares only pid 1 and
 the caller), removes what was left in /tmp, /dev/shm and SysV IPC, and then
 sends ``{"ready": true}``. The host writes and collects files in /sandbox only
-between a ready frame and the next request, when no untrusted process exists.
+after a ready frame (or after killing the worker), when no untrusted process
+exists.
 
 Protocol on the worker's stdin/stdout: frames of a 4-byte big-endian length
 followed by UTF-8 JSON. Byte strings travel base64-encoded.
@@ -224,12 +226,23 @@ def unb64(text: str) -> bytes:
 # ---------------------------------------------------------------- the worker
 
 
+_libc = None
+
+
+def _c():
+    """libc through ctypes (loaded once; forks inherit it)."""
+    global _libc
+    if _libc is None:
+        import ctypes
+
+        _libc = ctypes.CDLL(None, use_errno=True)
+    return _libc
+
+
 def _set_dumpable(flag: int) -> None:
     """prctl(PR_SET_DUMPABLE): a non-dumpable process cannot be ptraced, and its
     /proc/PID/{mem,fd,environ} cannot be opened, by other processes of its uid."""
-    import ctypes
-
-    ctypes.CDLL(None, use_errno=True).prctl(4, flag, 0, 0, 0)
+    _c().prctl(4, flag, 0, 0, 0)
 
 
 def _run_python(code: str) -> int:
@@ -379,9 +392,6 @@ def _clean_namespace() -> bool:
 
 def _clean_sysv_ipc() -> bool:
     """SysV IPC objects outlive their creators: remove them (IPC_RMID)."""
-    import ctypes
-
-    libc = None
     for kind in ("shm", "sem", "msg"):
         try:
             with open(f"/proc/sysvipc/{kind}") as f:
@@ -389,7 +399,7 @@ def _clean_sysv_ipc() -> bool:
         except OSError:
             continue
         for ident in ids:
-            libc = libc or ctypes.CDLL(None, use_errno=True)
+            libc = _c()
             if kind == "shm":
                 rc = libc.shmctl(ident, 0, None)
             elif kind == "sem":
@@ -411,9 +421,9 @@ def serve() -> None:
     _set_dumpable(0)
     write_frame(proto_out, {"ready": True})
     while True:
-        # Wait for a request without reading it: the handler reads it, so the
-        # request never enters this process's memory.
-        select.select([proto_in], [], [])
+        # Fork the next handler ahead of its request (the fork is off the
+        # request's critical path); it reads the request itself, so the request
+        # never enters this process's memory.
         pid = os.fork()
         if pid == 0:
             _handle(proto_in, proto_out)

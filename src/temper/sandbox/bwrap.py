@@ -11,9 +11,12 @@ Nothing here starts untrusted code by itself.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
 import os
 import shutil
+import signal
 import stat
 import subprocess
 import tempfile
@@ -26,8 +29,9 @@ log = logging.getLogger("temper.sandbox")
 
 #: Top-level system dirs bound read-only (or re-created as the same symlink).
 SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
-#: The only parts of /etc that are visible: what the dynamic loader, name lookup
-#: of users/groups, time zones, TLS roots and `alternatives` symlinks need.
+#: The only parts of /etc that are visible (copied once, world-readable entries
+#: only): what the dynamic loader, user/group names, time zones, TLS roots and
+#: `alternatives` symlinks need.
 ETC_ENTRIES = (
     "passwd",
     "group",
@@ -42,6 +46,44 @@ ETC_ENTRIES = (
     "mime.types",
 )
 PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+_etc_lock = threading.Lock()
+_etc_dir: str | None = None
+
+
+def public_etc() -> str:
+    """A host dir holding copies of the `ETC_ENTRIES` of /etc that any user may
+    read, made once per process (removed at exit) and bound as the sandbox's
+    /etc: one mount instead of one per entry, and nothing else of /etc."""
+    global _etc_dir
+    with _etc_lock:
+        if _etc_dir is None or not os.path.isdir(_etc_dir):
+            path = tempfile.mkdtemp(prefix="temper-sandbox-etc-")
+            for name in ETC_ENTRIES:
+                _copy_public(os.path.join("/etc", name), os.path.join(path, name))
+            os.chmod(path, 0o755)
+            atexit.register(shutil.rmtree, path, True)
+            _etc_dir = path
+        return _etc_dir
+
+
+def _copy_public(src: str, dst: str) -> None:
+    """Copy ``src`` to ``dst``: symlinks as symlinks, and only files and dirs that
+    are world-readable (so e.g. /etc/ssl/private stays out)."""
+    try:
+        st = os.lstat(src)
+    except OSError:
+        return
+    if stat.S_ISLNK(st.st_mode):
+        os.symlink(os.readlink(src), dst)
+    elif stat.S_ISREG(st.st_mode) and st.st_mode & stat.S_IROTH:
+        shutil.copyfile(src, dst)
+        os.chmod(dst, 0o644)
+    elif stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_IROTH and st.st_mode & stat.S_IXOTH:
+        os.mkdir(dst, 0o755)
+        for name in os.listdir(src):
+            _copy_public(os.path.join(src, name), os.path.join(dst, name))
 
 
 def _under(path: str, roots: tuple[str, ...]) -> bool:
@@ -82,8 +124,7 @@ def sandbox_argv(cfg: SandboxConfig, bwrap: str, scratch: str) -> list[str]:
             argv += ["--symlink", os.readlink(d), d]
         elif os.path.isdir(d):
             argv += ["--ro-bind", d, d]
-    for name in ETC_ENTRIES:
-        argv += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+    argv += ["--ro-bind", public_etc(), "/etc"]
     prefix = os.path.dirname(os.path.dirname(os.path.realpath(cfg.python)))
     extra = list(cfg.ro_binds)
     if not _under(os.path.realpath(cfg.python), SYSTEM_DIRS):
@@ -152,21 +193,61 @@ def prlimit_argv(cfg: SandboxConfig) -> list[str]:
     ]
 
 
+def kill_sandbox(proc: subprocess.Popen, grace_s: float = 2.0) -> None:
+    """SIGKILL a running sandbox and wait for its bwrap to exit.
+
+    Kills the sandbox's pid-1 init (the outer bwrap's child), which takes every
+    process in the pid namespace with it; the outer bwrap then reaps it and
+    exits on its own. SIGKILLing the outer bwrap instead would leave the init
+    as an orphan zombie for the host's pid 1 to reap, and such zombies still
+    count against the uid's process limit. Falls back to the whole process
+    group when there is no init yet or the outer bwrap does not exit in time.
+    """
+    for kid in _children(proc.pid):
+        try:
+            fd = os.pidfd_open(kid)
+        except OSError:
+            continue
+        try:
+            # Re-check after pinning the process: a reaped and reused pid is
+            # not bwrap's child any more.
+            if kid in _children(proc.pid):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except (OSError, ValueError):
+        return []
+
+
 _probe_lock = threading.Lock()
-_probe_cache: dict[tuple[str, int, str], str | None] = {}
+_probe_cache: dict[tuple[str, int, str, str], str | None] = {}
 
 
 def probe(cfg: SandboxConfig) -> tuple[str | None, str | None]:
     """(bwrap path, None) when a sandbox starts here, else (None, the reason).
 
-    Runs one real sandbox (``true`` under prlimit) the first time per binary, uid
-    and interpreter, so a missing binary, disabled user namespaces or an
+    Runs one real sandbox (``true`` under prlimit) the first time per binary, uid,
+    interpreter and scratch root, so a missing binary, disabled user namespaces or an
     untraversable scratch root are found before any user code runs.
     """
     path = shutil.which(cfg.bwrap)
     if path is None:
         return None, f"bubblewrap binary {cfg.bwrap!r} not found"
-    key = (path, cfg.uid, cfg.python)
+    key = (path, cfg.uid, cfg.python, cfg.scratch_root or "")
     with _probe_lock:
         if key not in _probe_cache:
             _probe_cache[key] = _try_start(cfg, path)

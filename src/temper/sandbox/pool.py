@@ -29,7 +29,6 @@ import contextlib
 import json
 import os
 import select
-import signal
 import subprocess
 import threading
 import time
@@ -41,6 +40,7 @@ from temper.sandbox.bwrap import (
     PATH,
     clear_dir,
     collect_files,
+    kill_sandbox,
     launcher,
     make_scratch,
     remove_tree,
@@ -65,7 +65,10 @@ class _Worker:
     def __init__(self, argv: list[str], scratch: str) -> None:
         self.scratch = scratch
         self.uses = 0
+        #: A ready frame was read since the last request (clean-up finished).
         self.ready = False
+        #: /sandbox holds the last request's files; emptied once ready.
+        self.dirty = False
         self._buf = bytearray()
         req_r, self._req_w = os.pipe()
         self._resp_r, resp_w = os.pipe()
@@ -117,8 +120,7 @@ class _Worker:
     def kill(self) -> None:
         """SIGKILL the whole sandbox and wait for it; idempotent."""
         if self.proc.poll() is None:
-            with contextlib.suppress(OSError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
+            kill_sandbox(self.proc)
         self.proc.wait()
         for fd in (self._req_w, self._resp_r):
             with contextlib.suppress(OSError):
@@ -183,23 +185,37 @@ class SandboxPool(Sandbox):
             raise
 
     def _acquire(self) -> _Worker:
-        while True:
-            with self._lock:
-                worker = self._idle.pop(0) if self._idle else None
-            if worker is None:
-                return self._spawn_worker()
-            if worker.proc.poll() is None:
-                return worker
-            worker.kill()  # died while idle (not by user code): discard it
-            remove_tree(worker.scratch)
+        with self._lock:
+            worker = self._idle.pop(0) if self._idle else None
+        return worker if worker is not None else self._spawn_worker()
 
-    def _release(self, worker: _Worker, reusable: bool) -> None:
-        keep = reusable and worker.uses < self.config.pool_max_uses and not self._closed
-        if keep:
+    def _prepare(self, worker: _Worker) -> bool:
+        """Make ``worker`` ready for a request: wait for its ready frame (start-up,
+        or the clean-up after its last request) and empty its scratch dir. False
+        when it did not get there (it is then discarded)."""
+        if not self._wait_ready(worker):
+            return False
+        if worker.dirty:
             try:
                 clear_dir(worker.scratch)
             except OSError:
-                keep = False
+                return False
+            worker.dirty = False
+        return True
+
+    def _wait_ready(self, worker: _Worker) -> bool:
+        if not worker.ready:
+            timeout = START_TIMEOUT_S if worker.uses == 0 else CLEAN_TIMEOUT_S
+            frame = worker.read_frame(time.monotonic() + timeout)
+            worker.ready = bool(frame and frame.get("ready"))
+        return worker.ready
+
+    def _discard(self, worker: _Worker) -> None:
+        worker.kill()
+        remove_tree(worker.scratch)
+
+    def _release(self, worker: _Worker, reusable: bool) -> None:
+        keep = reusable and worker.uses < self.config.pool_max_uses and not self._closed
         if keep:
             with self._lock:
                 keep = len(self._idle) < self.config.pool_size
@@ -207,8 +223,7 @@ class SandboxPool(Sandbox):
                     self._idle.append(worker)
         if keep:
             return
-        worker.kill()
-        remove_tree(worker.scratch)
+        self._discard(worker)
         # Top the pool up; a new worker starts in the background (Popen only).
         while not self._closed:
             with self._lock:
@@ -225,15 +240,15 @@ class SandboxPool(Sandbox):
             return super()._execute(job)
         if self._closed:
             raise SandboxError("SandboxPool is closed")
-        for attempt in range(2):
+        for _ in range(3):
             worker = self._acquire()
-            if worker.ready or self._wait_ready(worker):
+            if self._prepare(worker):
                 break
-            # A worker that never became ready ran no user code: retry once.
-            worker.kill()
-            remove_tree(worker.scratch)
-            if attempt == 1:
-                raise SandboxError("sandbox worker failed to start twice")
+            # Failed start-up, or the previous request's code killed the server:
+            # nothing of this request ran yet, so another worker may take it.
+            self._discard(worker)
+        else:
+            raise SandboxError("sandbox workers failed to become ready three times")
         reusable = False
         try:
             result, reusable = self._serve(worker, job)
@@ -241,14 +256,10 @@ class SandboxPool(Sandbox):
             self._release(worker, reusable)
         return result
 
-    def _wait_ready(self, worker: _Worker, timeout: float = START_TIMEOUT_S) -> bool:
-        frame = worker.read_frame(time.monotonic() + timeout)
-        worker.ready = bool(frame and frame.get("ready"))
-        return worker.ready
-
     def _serve(self, worker: _Worker, job: Job) -> tuple[SandboxResult, bool]:
-        """Run ``job`` on a ready worker. Returns the result and whether the
-        worker came back ready (cleaned) and may serve again."""
+        """Run ``job`` on a prepared worker. Returns the result and whether the
+        worker may serve again (its clean-up is then still pending: the next
+        `_prepare` waits for it, which keeps it off this call's latency)."""
         cfg = self.config
         write_files(cfg, worker.scratch, job.files)
         request = {
@@ -261,20 +272,22 @@ class SandboxPool(Sandbox):
             "limits": cfg.limits(),
             "cwd": WORKDIR,
         }
-        worker.ready = False
+        worker.ready, worker.dirty = False, True
+        worker.uses += 1
         start = time.monotonic()
         try:
             worker.send(request)
             resp = worker.read_frame(start + cfg.timeout_s + ANSWER_GRACE_S)
         except OSError:
             resp = None
-        # Files are read only once nothing untrusted runs: after the server's
-        # clean-up (its ready frame) or after the whole sandbox is dead.
-        alive = resp is not None and self._wait_ready(worker, CLEAN_TIMEOUT_S)
+        alive = resp is not None
+        if alive and job.collect:
+            # Files are read only once nothing untrusted runs: after the
+            # server's clean-up (its ready frame) or once the sandbox is dead.
+            alive = self._wait_ready(worker)
         if not alive:
             worker.kill()
         files, missing = collect_files(worker.scratch, job.collect, cfg.max_file_bytes)
-        worker.uses += 1
         extra = {"files": files, "missing_files": missing, "isolated": True}
         if resp is None or "error" in resp:
             reason = resp["error"] if resp else "sandbox worker died or did not answer"

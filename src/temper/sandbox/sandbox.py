@@ -32,6 +32,7 @@ from temper.sandbox import _server
 from temper.sandbox.bwrap import (
     PATH,
     collect_files,
+    kill_sandbox,
     launcher,
     make_scratch,
     prlimit_argv,
@@ -112,7 +113,7 @@ class Sandbox:
         if config is None:
             config = SandboxConfig(**overrides)
         elif overrides:
-            config = config.model_copy(update=overrides)
+            config = SandboxConfig.model_validate({**config.model_dump(), **overrides})
         self.config = config
         self._bwrap, reason = probe(config)
         if self._bwrap is None:
@@ -274,16 +275,22 @@ class Sandbox:
         for fd in (in_r, out_w, err_w):
             os.close(fd)
 
-        def kill() -> None:
-            # SIGKILL to bwrap's group: its pid-namespace init dies
-            # (--die-with-parent), and with it every process in the sandbox.
-            with contextlib.suppress(OSError):
-                os.killpg(proc.pid, signal.SIGKILL)
+        isolated = self.isolated
 
-        # Under bwrap the pipes close when the sandbox ends (its pid namespace
-        # takes all leftovers with it). The fallback has no such namespace: on the
-        # main process's exit (seen on its pidfd, before it is reaped, so its
-        # process group id is still ours) kill its group.
+        def kill() -> None:
+            if isolated:
+                kill_sandbox(proc)  # the whole pid namespace, and reaps bwrap
+            else:
+                with contextlib.suppress(OSError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+
+        def on_exit() -> None:
+            # Under bwrap the sandbox's leftovers died with its pid namespace.
+            # The fallback has none: kill the main process's group while the
+            # process is an unreaped zombie (so the group id is still ours).
+            if not isolated:
+                kill()
+
         deadline = start + self.config.timeout_s
         pid_fd = _server.open_pidfd(proc.pid)
         try:
@@ -295,14 +302,14 @@ class Sandbox:
                 self.config.max_output_bytes,
                 deadline,
                 pid_fd,
-                kill,
+                on_exit,
                 kill,
             )
             # Without a pidfd the pump stops at EOF, but the process may have
             # closed its stdio and run on.
             if pid_fd is None and not timed_out and not _exited_by(proc, deadline):
                 timed_out = True
-            kill()
+                kill()
         finally:
             if pid_fd is not None:
                 os.close(pid_fd)
