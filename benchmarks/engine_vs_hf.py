@@ -7,7 +7,9 @@ tokens each, temperature 1.0 with no top-k/top-p, end-of-sequence ignored, fp32,
 one, else a seeded random Llama of about 3M parameters (hidden 256, 4 layers,
 4 heads, vocab 1024).
 
-HF runs one batched `model.generate` call (left padding). The native engine gets
+HF runs one batched `model.generate` call (left padding). Both run on the same
+OS thread, Temper's compute thread (`temper.compute`), so neither pays for the
+other's OpenMP thread pool. The native engine gets
 the 64 prompts as 64 concurrent `generate` requests (n=1 each), i.e. through its
 scheduler, the way a rollout uses it. After a warmup of each, the two are timed
 alternately `--reps` times. Prints one JSON line; `ratio` is the median native
@@ -32,6 +34,7 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
+from temper import compute
 from temper.engine.base import SamplingParams
 from temper.engine.native import NativeEngine
 
@@ -89,9 +92,15 @@ def time_hf(model: PreTrainedModel, prompts: list[list[int]], new_tokens: int) -
         pad_token_id=0,
         eos_token_id=model.generation_config.eos_token_id,
     )
+
+    def run() -> torch.Tensor:
+        with torch.inference_mode():
+            return model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+
     start = time.perf_counter()
-    with torch.inference_mode():
-        out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+    # On the same OS thread as the native engine's steps (see `temper.compute`):
+    # a second thread running torch ops would slow both sides down.
+    out = compute.run(run)
     seconds = time.perf_counter() - start
     assert out.shape[1] - width == new_tokens, out.shape
     return seconds
@@ -139,8 +148,8 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    torch.set_num_threads(args.threads)
-    model, name = load_model(args.model)
+    compute.set_threads(args.threads)
+    model, name = compute.run(load_model, args.model)
     prompts = make_prompts(args.batch, model.config.vocab_size)
     engine = NativeEngine(model, max_slots=max(256, args.batch))
     tokens = args.batch * args.new_tokens

@@ -4,9 +4,11 @@ Same model (the built-in tiny model), same prompts (built-in arithmetic), same
 reward function (below, TRL's signature), same hyperparameters: 8 prompts x 8
 samples, up to 32 new tokens, temperature 1.0, lr 1e-5, clip 0.2/0.2, no KL,
 token-mean ("dapo") loss, std-scaled group advantages, one optimizer step per
-generation batch with forward/backward in micro-batches of about 16 sequences
-(Temper: a 1024-token budget; TRL: per-device batch 16 with 4 accumulation
-steps), fp32, 2 CPU threads. Each side runs in its own subprocess so
+generation batch with forward/backward in micro-batches of the same padded size
+(TRL: per-device batch 16 with 4 accumulation steps, i.e. 16 x (longest prompt
++ 32) padded tokens per forward; Temper: that many tokens as its
+`micro_batch_tokens` budget, which its trainer fills with each distinct prompt
+once plus its responses), fp32, 2 CPU threads. Each side runs in its own subprocess so
 peak RSS is its own. Prints one JSON line; `ratio` = TRL median s/step divided
 by Temper median s/step (higher is better for Temper).
 
@@ -54,6 +56,19 @@ def write_dataset(path: Path, n: int) -> None:
             f.write(json.dumps({"prompt": t.prompt, "answer": t.answer}) + "\n")
 
 
+def longest_prompt_tokens(data: Path, model: str) -> int:
+    """Tokens of the longest chat-templated prompt in ``data`` (TRL pads to it)."""
+    from temper.models import load_tokenizer
+
+    tok = load_tokenizer(model)
+    longest = 0
+    for line in data.read_text().splitlines():
+        messages = [{"role": "user", "content": json.loads(line)["prompt"]}]
+        text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        longest = max(longest, len(tok(text, add_special_tokens=False)["input_ids"]))
+    return longest
+
+
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -86,7 +101,11 @@ def run_temper(data: Path, steps: int, out_dir: Path, model: str) -> dict:
                 "clip_high": 0.2,
                 "kl_coef": 0.0,
             },
-            "trainer": {"lr": LR, "warmup_steps": 0, "micro_batch_tokens": MICRO * 64},
+            "trainer": {
+                "lr": LR,
+                "warmup_steps": 0,
+                "micro_batch_tokens": MICRO * (longest_prompt_tokens(data, model) + MAX_NEW),
+            },
             "orchestrator": {
                 "steps": steps,
                 "prompts_per_step": PROMPTS,

@@ -131,7 +131,10 @@ class TrainerConfig(_Section):
     schedule: Literal["constant", "cosine", "linear"] = "constant"
     grad_clip: float = Field(1.0, gt=0, description="Max global grad norm.")
     micro_batch_tokens: int = Field(
-        8192, ge=16, description="Token budget (padded) of one micro-batch."
+        8192,
+        ge=16,
+        description="Padded-token budget of one micro-batch: distinct prompts x longest prompt "
+        "+ responses x longest response.",
     )
     precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 uses autocast.")
     ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")

@@ -1,7 +1,7 @@
 """The baseline engine: Hugging Face ``model.generate`` behind the Engine protocol.
 
 Each `generate` call runs one ``model.generate`` over its n samples (the prompt
-repeated n times; one prompt, so no padding) on a single worker thread;
+repeated n times; one prompt, so no padding) on the compute thread (`temper.compute`);
 concurrent calls queue and run one after another, with no batching across
 requests. Logprobs are the raw ``log_softmax`` of the model logits
 (``output_logits``), before temperature and filters. Stops follow the same
@@ -20,11 +20,11 @@ import asyncio
 import threading
 from collections.abc import Mapping
 from collections.abc import Sequence as Seq
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
 
+from temper import compute
 from temper.engine.base import GenerationResult, SampleOutput, SamplingParams
 from temper.engine.requests import StopChecker, eos_token_ids, validate_prompt
 from temper.errors import TemperError
@@ -51,7 +51,6 @@ class HFEngine:
         self.vocab_size = int(model.config.vocab_size)
         self._stop = StopChecker(tokenizer, self.max_context)
         self._lock = threading.Lock()
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="temper-hf")
         self._closed = False
 
     async def generate(
@@ -64,10 +63,13 @@ class HFEngine:
         if params.stop_strings and self.tokenizer is None:
             raise TemperError("stop_strings need a tokenizer; pass one to HFEngine")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._generate, prompt, params)
+        return await loop.run_in_executor(compute.executor(), self._generate, prompt, params)
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        """``load_state_dict(strict=False)`` under the generation lock, then set ``version``."""
+        """``load_state_dict(strict=False)`` on the compute thread, then set ``version``."""
+        compute.run(self._load_weights, state_dict, version)
+
+    def _load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         with self._lock, torch.no_grad():
             result = self.model.load_state_dict(dict(state_dict), strict=False)
             if result.unexpected_keys:
@@ -77,9 +79,8 @@ class HFEngine:
             self.version = int(version)
 
     async def close(self) -> None:
-        """Stop the worker thread (after the running call)."""
+        """Refuse new calls; a running call finishes on the compute thread."""
         self._closed = True
-        self._executor.shutdown(wait=True)
 
     # ------------------------------------------------------------------ worker
     def _generate(self, prompt: list[int], params: SamplingParams) -> GenerationResult:

@@ -5,10 +5,13 @@ the active sequences always occupy rows ``0 .. B-1``, so a decode step reads
 ``k[layer, :B, :, :T]`` as a view without gathering. When a sequence finishes,
 the engine moves the last rows into the holes (`move_rows`).
 
-The tensors are preallocated in chunks and grow on demand (doubling) up to
-``max_slots`` rows and ``max_context`` positions, so a large ``max_slots`` does
-not reserve ``max_slots * max_context`` entries up front. Growing copies the
-cache once; it never shrinks.
+The tensors start small and grow on demand up to ``max_slots`` rows and
+``max_context`` positions, so a large ``max_slots`` does not reserve
+``max_slots * max_context`` entries up front: rows double, positions grow to
+the requested length rounded up to a multiple of `POSITION_QUANTUM` (the
+engine requests, at admission, the longest prompt + max_new_tokens in flight,
+so decoding never regrows it). Growing copies the cache once; only `release`
+shrinks it.
 
 Entries beyond a row's length hold stale values: the attention mask built by
 the caller must hide them. This class does no masking and no attention.
@@ -17,6 +20,9 @@ the caller must hide them. This class does no masking and no attention.
 from __future__ import annotations
 
 import torch
+
+#: Positions are allocated in multiples of this.
+POSITION_QUANTUM = 32
 
 
 class SlotKVCache:
@@ -33,7 +39,7 @@ class SlotKVCache:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         initial_slots: int = 16,
-        initial_positions: int = 256,
+        initial_positions: int = POSITION_QUANTUM,
     ) -> None:
         self.num_layers = num_layers
         self.num_kv_heads = num_kv_heads
@@ -63,7 +69,7 @@ class SlotKVCache:
         return 2 * self.k.numel() * self.k.element_size()
 
     def ensure(self, rows: int, positions: int) -> None:
-        """Grow (by doubling) so that ``rows`` rows of ``positions`` positions fit.
+        """Grow so that ``rows`` rows of ``positions`` positions fit (see the module doc).
 
         Raises `ValueError` past ``max_slots`` or ``max_context``.
         """
@@ -78,8 +84,9 @@ class SlotKVCache:
         new_rows, new_pos = cur_rows, cur_pos
         while new_rows < rows:
             new_rows = min(2 * new_rows, self.max_slots)
-        while new_pos < positions:
-            new_pos = min(2 * new_pos, self.max_context)
+        if new_pos < positions:
+            quanta = -(-positions // POSITION_QUANTUM)
+            new_pos = min(quanta * POSITION_QUANTUM, self.max_context)
         for name in ("k", "v"):
             old = getattr(self, name)
             new = self._empty(new_rows, new_pos)

@@ -5,8 +5,9 @@ and awaits its future. One driver task on the caller's event loop runs the
 scheduler: between model steps it admits waiting requests (in submission
 order, while free slots remain; a request whose n samples do not fit waits,
 and so does everything behind it), then hands work to a single dedicated
-worker thread (`run_in_executor`; `temper.engine.worker`), so the event loop
-stays responsive while the model computes. A step is: compact the cache over
+worker thread, the process's compute thread (`temper.compute`;
+`temper.engine.worker`), so the event loop stays responsive while the model
+computes. A step is: compact the cache over
 finished rows, one batched decode forward over all running sequences, then the
 prefill of the newly admitted prompts (grouped by length into a few
 right-padded forwards, see `temper.engine.planning`). Each prompt is prefilled
@@ -45,12 +46,12 @@ import threading
 from collections import deque
 from collections.abc import Mapping
 from collections.abc import Sequence as Seq
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from temper import compute
 from temper.engine.base import GenerationResult, SamplingParams
 from temper.engine.llama_forward import LlamaFamilyModel
 from temper.engine.planning import attention_chunks
@@ -104,7 +105,8 @@ class NativeEngine:
             dtype = getattr(torch, dtype)
         if max_slots < 1:
             raise ValueError(f"max_slots must be >= 1, got {max_slots}")
-        self._model = LlamaFamilyModel(model, dtype=dtype, max_context=max_context)  # type: ignore[arg-type]
+        # Weight copies run on the compute thread, like every op on them (see `temper.compute`).
+        self._model = compute.run(LlamaFamilyModel, model, dtype=dtype, max_context=max_context)  # type: ignore[arg-type]
         self.max_context: int = self._model.max_context
         self.max_slots = max_slots
         self.max_prefill_tokens = max_prefill_tokens
@@ -114,10 +116,9 @@ class NativeEngine:
         self.stats = EngineStats()
         self._stop = StopChecker(tokenizer, self.max_context)
         self._lock = threading.Lock()
-        self._executor = ThreadPoolExecutor(1, thread_name_prefix="temper-native")
         self._rng = torch.Generator()
         self._rng.manual_seed(seed if seed is not None else secrets.randbits(63))
-        self._cache = self._model.new_cache(max_slots)
+        self._cache = compute.run(self._model.new_cache, max_slots)
         # Driver-side state (touched only on the event loop thread).
         self._loop: asyncio.AbstractEventLoop | None = None
         self._driver: asyncio.Task[None] | None = None
@@ -128,6 +129,7 @@ class NativeEngine:
         self._move_len = 0
         self._dirty = True
         self._chunks: list[tuple[int, int]] = []
+        self._reserve_len = 0
         self._needs_reset = False
         self._closed = False
         # Bumped (on the loop thread) by anything the worker should return for:
@@ -158,7 +160,9 @@ class NativeEngine:
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         try:
-            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype or torch.float32)
+            model = compute.run(
+                AutoModelForCausalLM.from_pretrained, str(path), dtype=dtype or torch.float32
+            )
         except (OSError, ValueError) as e:
             raise ModelLoadError(f"cannot load model from {path}: {e}") from e
         tokenizer = None
@@ -207,6 +211,9 @@ class NativeEngine:
         ``version``.
         """
         self._events += 1  # the worker returns after its current step
+        compute.run(self._load_weights, state_dict, version)
+
+    def _load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         with self._lock:
             self._model.load_state_dict(state_dict)
             self.version = int(version)
@@ -221,10 +228,14 @@ class NativeEngine:
         """
         if self._rows or self._waiting:
             return False
-        with self._lock:
-            self._runner.cache.release()
-            self._needs_reset = True
-        trim_heap()
+
+        def release() -> None:
+            with self._lock:
+                self._runner.cache.release()
+                self._needs_reset = True
+            trim_heap()
+
+        compute.run(release)
         return True
 
     async def close(self) -> None:
@@ -238,8 +249,7 @@ class NativeEngine:
             with contextlib.suppress(asyncio.CancelledError):
                 await driver
         self._fail_all(RuntimeError("NativeEngine was closed"))
-        self._executor.shutdown(wait=True)
-        self._cache.release()
+        compute.run(self._cache.release)
 
     def stats_dict(self) -> dict[str, float]:
         """The counters in `stats` as a flat dict (for metric sinks)."""
@@ -284,7 +294,7 @@ class NativeEngine:
                 continue
             try:
                 step = self._plan(admitted)
-                out = await loop.run_in_executor(self._executor, self._runner.run, step)
+                out = await loop.run_in_executor(compute.executor(), self._runner.run, step)
                 self._absorb(out)
             except asyncio.CancelledError:
                 self._needs_reset = True
@@ -316,6 +326,12 @@ class NativeEngine:
         step.reset, self._needs_reset = self._needs_reset, False
         step.decode_rows = len(rows)
         step.events = self._events
+        if admitted:
+            longest = max(len(r.prompt) + r.params.max_new_tokens for r in admitted)
+            self._reserve_len = min(self.max_context, max(self._reserve_len, longest))
+        elif not rows:
+            self._reserve_len = 0
+        step.reserve_len = self._reserve_len
         if rows:
             lengths = [s.length for s in rows]
             if self._dirty:

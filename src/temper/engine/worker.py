@@ -57,6 +57,8 @@ class Step:
     max_steps: int = 1
     #: The driver's event counter when the step was planned.
     events: int = 0
+    #: Cache positions to hold: the longest prompt + max_new_tokens in flight.
+    reserve_len: int = 0
 
 
 @dataclass
@@ -133,7 +135,7 @@ class StepRunner:
                 src, dst = step.moves
                 if src:
                     cache.move_rows(torch.tensor(src), torch.tensor(dst), step.move_len)
-                cache.ensure(b + n_new, longest)
+                cache.ensure(b + n_new, max(longest, step.reserve_len))
                 if b and step.rebuild is not None:
                     self._load_rows(step.rebuild)
             if step.prefill:

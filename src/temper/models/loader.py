@@ -14,6 +14,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
+from temper import compute
 from temper.errors import ModelLoadError
 
 TINY_DIR = Path(__file__).resolve().parent / "tiny"
@@ -54,7 +55,8 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrain
     """The causal LM stored at a model path or alias, in eval mode, with `dtype` weights."""
     directory = resolve_model_path(path)
     try:
-        model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype)
+        # Loaded on the compute thread, where its ops will run (see `temper.compute`).
+        model = compute.run(AutoModelForCausalLM.from_pretrained, directory, dtype=dtype)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(
             f"cannot load a causal LM from {str(path)!r}: {_first_line(exc)}"

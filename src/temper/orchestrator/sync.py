@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from temper import compute
 from temper.algos import compute_advantages
 from temper.config import Config
 from temper.data.base import Task
@@ -95,7 +96,7 @@ class SyncOrchestrator:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         if cfg.run.threads:
-            torch.set_num_threads(cfg.run.threads)
+            compute.set_threads(cfg.run.threads)
         self.run_dir = RunDir.prepare(cfg)
         self.start_step = 0
         model_path = str(resolve_model_path(cfg.model.path))
@@ -123,7 +124,7 @@ class SyncOrchestrator:
         self.engine = build_engine(cfg, model_path, self.tokenizer)
         self._check_prompts_fit()
         if ckpts:
-            self._restore(ckpts[-1])
+            compute.run(self._restore, ckpts[-1])
         self.metrics = JsonlSink(self.run_dir.metrics)
         self.events = JsonlSink(self.run_dir.events)
 
@@ -193,7 +194,7 @@ class SyncOrchestrator:
         kept, dropped = assign_advantages(
             groups, cfg.algo.advantage, cfg.orchestrator.drop_zero_variance_groups
         )
-        train_stats = self.trainer.train_step(kept) if kept else {}
+        train_stats = await compute.arun(self.trainer.train_step, kept) if kept else {}
         t3 = time.perf_counter()
         if kept:
             self.engine.update_weights(self.trainer.engine_state_dict(), version=step)
@@ -220,7 +221,8 @@ class SyncOrchestrator:
         return m
 
     def checkpoint(self, step: int) -> None:
-        save_checkpoint(
+        compute.run(
+            save_checkpoint,
             self.run_dir.checkpoints,
             step,
             self.model,

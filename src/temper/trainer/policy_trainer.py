@@ -3,8 +3,10 @@
 Plain PyTorch. One call to `train_step` takes a batch of scored trajectories
 (advantages already set), runs `ppo_epochs` passes of `mini_batches` optimizer
 steps each, and returns metrics. Each optimizer step accumulates gradients
-over micro-batches cut by a padded-token budget; the loss is normalised by the
-mini-batch's global token/sequence counts so accumulation equals one big batch.
+over micro-batches cut by a padded-token budget, each running its distinct
+prompts once for all their responses (`temper.trainer.forward`); the loss is
+normalised by the mini-batch's global token/sequence counts so accumulation
+equals one big batch.
 
 It does not generate, score or talk to the engine: the orchestrator does that.
 """
@@ -26,6 +28,7 @@ from temper.algos import (
 from temper.config.schema import AlgoConfig, TrainerConfig
 from temper.rollout.trajectory import Trajectory
 from temper.trainer.batching import MicroBatch, collate, plan_micro_batches
+from temper.trainer.forward import response_logits
 from temper.trainer.optim import build_optimizer
 
 
@@ -58,17 +61,15 @@ class PolicyTrainer:
 
     def _forward_logits(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
         with self._autocast():
-            out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False)
-        return out.logits[:, :-1].float()
+            return response_logits(model, mb)
 
     @torch.no_grad()
     def _logprobs_no_grad(
         self, model: torch.nn.Module, trajs: list[Trajectory]
     ) -> dict[int, torch.Tensor]:
-        """Per-trajectory logprobs [T-1] (padded positions dropped later by masks)."""
+        """Per-trajectory response-token logprobs [R] (padding dropped later by masks)."""
         result: dict[int, torch.Tensor] = {}
-        lengths = [t.num_tokens for t in trajs]
-        for idx in plan_micro_batches(lengths, self.cfg.micro_batch_tokens):
+        for idx in plan_micro_batches(trajs, self.cfg.micro_batch_tokens):
             mb = collate(trajs, idx, self.pad_id)
             lp = token_logprobs(self._forward_logits(model, mb), mb.targets)
             for row, i in enumerate(idx):
@@ -110,7 +111,7 @@ class PolicyTrainer:
         stats: dict[str, tuple[float, float]] = {}
         acc: dict[str, float] = defaultdict(float)
         self.optimizer.zero_grad(set_to_none=True)
-        for idx in plan_micro_batches([t.num_tokens for t in trajs], self.cfg.micro_batch_tokens):
+        for idx in plan_micro_batches(trajs, self.cfg.micro_batch_tokens):
             mb = collate(trajs, idx, self.pad_id)
             logits = self._forward_logits(self.model, mb)
             logprobs = token_logprobs(logits, mb.targets)
@@ -187,7 +188,7 @@ class PolicyTrainer:
 
 
 def _stack_rows(rows: list[torch.Tensor], shape: torch.Size) -> torch.Tensor:
-    """Stack per-trajectory [T_i] tensors into `shape`, zero-padding on the right."""
+    """Stack per-trajectory [R_i] tensors into `shape`, zero-padding on the right."""
     out = torch.zeros(shape, dtype=torch.float32)
     for r, row in enumerate(rows):
         n = min(row.shape[0], shape[1])
