@@ -159,3 +159,22 @@ def test_fallback_refused_when_isolation_required():
         Sandbox(cfg)
     with pytest.raises(IsolationUnavailableError):
         SandboxPool(cfg)
+
+
+def test_warm_child_cannot_ptrace_or_read_its_server():
+    if bwrap_problem():
+        pytest.skip(bwrap_problem())
+    with SandboxPool(CONFIG.model_copy(update={"pool_size": 1})) as pool:
+        r = pool.run_python(
+            "import ctypes, os\n"
+            "server = int(open(f'/proc/{os.getppid()}/stat').read().split()[3])\n"
+            "libc = ctypes.CDLL(None, use_errno=True)\n"
+            "for pid in (server, os.getppid()):\n"
+            "    print(libc.ptrace(16, pid, None, None), os.strerror(ctypes.get_errno()))\n"
+            "    try:\n"
+            "        open(f'/proc/{pid}/mem', 'rb').read(1)\n"
+            "    except OSError as e:\n"
+            "        print(type(e).__name__)\n"
+        )
+        assert r.stdout.splitlines() == ["-1 Operation not permitted", "PermissionError"] * 2, r
+        assert pool.run_python("print('fine')").stdout == "fine\n"

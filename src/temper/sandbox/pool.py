@@ -2,11 +2,11 @@
 
 Each worker is a bubblewrap sandbox, configured exactly like a cold one, whose
 only process (besides bwrap's init) is a small trusted Python server
-(`_server.py`, stdlib only, nothing heavy imported). Per request it forks a
-handler, which forks the untrusted child, applies the rlimits in that child and
-runs the command (exec) or the snippet (in the forked interpreter: no Python
-start-up cost). So a warm call costs two forks instead of bwrap plus a new
-interpreter.
+(`_server.py`, stdlib only, nothing heavy imported). Ahead of each request it
+forks a handler, which reads the request and forks the untrusted child; the
+child applies the rlimits to itself and runs the command (exec) or the snippet
+(in the forked interpreter: no Python start-up cost). So a warm call costs one
+fork on its critical path instead of bwrap plus a new interpreter.
 
 Trade-off (also in docs/sandbox.md): a worker serves up to ``pool_max_uses``
 requests. Between two requests every process but the server is killed, /tmp,
@@ -48,7 +48,7 @@ from temper.sandbox.bwrap import (
     write_files,
 )
 from temper.sandbox.config import WORKDIR, SandboxError, SandboxResult
-from temper.sandbox.sandbox import Job, Sandbox
+from temper.sandbox.sandbox import Job, Sandbox, log
 
 SERVER_SOURCE = Path(__file__).with_name("_server.py").read_text()
 #: Seconds a new worker may take to report ready.
@@ -83,6 +83,10 @@ class _Worker:
                 close_fds=True,
                 start_new_session=True,
             )
+        except BaseException:
+            os.close(self._req_w)
+            os.close(self._resp_r)
+            raise
         finally:
             os.close(req_r)
             os.close(resp_w)
@@ -229,7 +233,11 @@ class SandboxPool(Sandbox):
             with self._lock:
                 if len(self._idle) >= self.config.pool_size:
                     break
-            fresh = self._spawn_worker()
+            try:
+                fresh = self._spawn_worker()
+            except (OSError, RuntimeError) as e:
+                log.warning("could not start a warm sandbox worker: %s", e)
+                break  # the next call starts one on demand
             with self._lock:
                 self._idle.append(fresh)
 

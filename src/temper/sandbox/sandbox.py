@@ -54,6 +54,31 @@ log = logging.getLogger("temper.sandbox")
 #: argument at 128 KiB).
 MAX_CODE_BYTES = 100_000
 
+#: How a cold snippet starts: ``python -I -c BOOT LIMITS CODE``. Sets the rlimits
+#: (LIMITS: cpu,as,fsize,nproc,nofile as in `SandboxConfig.limits`; no core
+#: dumps, no POSIX message queues) before any snippet code runs, then runs CODE
+#: as ``python -c`` would, in ``__main__`` with ``sys.argv == ['-c']``, showing
+#: tracebacks without this wrapper's frame. Hard limits equal soft ones (CPU: one
+#: second more, for SIGKILL), so the snippet cannot raise them.
+BOOT = """\
+def _boot():
+    import resource as r, sys
+    lim = [int(x) for x in sys.argv.pop(1).split(",")] + [0, 0]
+    keys = ("CPU", "AS", "FSIZE", "NPROC", "NOFILE", "CORE", "MSGQUEUE")
+    for key, value in zip(keys, lim):
+        res = getattr(r, "RLIMIT_" + key)
+        r.setrlimit(res, (value, value + (key == "CPU")))
+    return sys.argv.pop(1)
+try:
+    exec(compile(globals().pop("_boot")(), "<string>", "exec"))
+except SystemExit:
+    raise
+except BaseException as _e:
+    _tb = None if isinstance(_e, SyntaxError) else _e.__traceback__.tb_next
+    __import__("sys").excepthook(type(_e), _e.with_traceback(_tb), _tb)
+    raise SystemExit(1)
+"""
+
 _warned = False
 
 
@@ -201,15 +226,18 @@ class Sandbox:
         return await loop.run_in_executor(self._executor, functools.partial(fn, *args))
 
     def _argv(self, job: Job) -> list[str]:
+        """The command, with the rlimits applied: ``prlimit ... -- cmd``; a
+        snippet sets them itself (`BOOT`), which saves prlimit's exec."""
         if job.argv is not None:
-            return job.argv
+            return [*prlimit_argv(self.config), *job.argv]
         assert job.code is not None
         if len(job.code.encode()) > MAX_CODE_BYTES:
             raise ValueError(
                 f"run_python: snippet over {MAX_CODE_BYTES} bytes; use SandboxPool, or pass "
                 "it in `files` and run ['python3', 'main.py']"
             )
-        return [self.config.python, "-I", "-c", job.code]
+        limits = ",".join(str(v) for v in self.config.limits().values())
+        return [self.config.python, "-I", "-c", BOOT, limits, job.code]
 
     def _execute(self, job: Job) -> SandboxResult:
         """The cold path: a new sandbox (or fallback subprocess) for this job."""
@@ -223,10 +251,10 @@ class Sandbox:
             except RuntimeError as e:
                 raise SandboxError(str(e)) from None
             if self._bwrap is not None:
-                full = [*prefix, *sandbox_argv(cfg, self._bwrap, scratch), *prlimit_argv(cfg)]
+                full = [*prefix, *sandbox_argv(cfg, self._bwrap, scratch)]
                 cwd, env = "/", {"PATH": PATH}
             else:
-                full = [*prefix, *prlimit_argv(cfg)]
+                full = prefix
                 cwd = scratch
                 env = {"PATH": PATH, "HOME": scratch, "LANG": "C.UTF-8", "TMPDIR": scratch}
                 env.update(cfg.env)
