@@ -8,9 +8,11 @@ model learning arithmetic with GRPO.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from temper.envs.base import EpisodeLimits
 
 
 class _Section(BaseModel):
@@ -79,6 +81,34 @@ class DataConfig(_Section):
         if any(lvl < 1 or lvl > 4 for lvl in self.levels) or not self.levels:
             raise ValueError("data.levels must be a non-empty list of levels in 1..4")
         return self
+
+
+class EnvConfig(_Section):
+    type: str = Field(
+        "none",
+        min_length=1,
+        description='"none": single-turn prompts from `data`, scored by `reward`. Otherwise a '
+        "multi-turn env: a built-in (tool_use, code, guess_number, wordle, gym) or "
+        '"module:function" / "file.py:function" returning a temper.envs.registry.EnvSpec.',
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword options for the env's spec factory."
+    )
+    limits: EpisodeLimits = Field(
+        default_factory=EpisodeLimits, description="Turn, wall-clock and token limits per episode."
+    )
+    add_reward: bool = Field(
+        False,
+        description="Also score the final assistant message with the `reward` section and add "
+        "it to the env's reward.",
+    )
+    max_concurrency: int | None = Field(
+        None, ge=1, description="Episodes in flight at once (default: all of a step's)."
+    )
+
+    @property
+    def enabled(self) -> bool:
+        return self.type != "none"
 
 
 class RewardComponentConfig(_Section):
@@ -185,6 +215,7 @@ class Config(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     data: DataConfig = Field(default_factory=DataConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)

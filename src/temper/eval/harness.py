@@ -1,6 +1,8 @@
-"""Evaluate an engine on held-out tasks: greedy accuracy, pass@k, mean@k.
+"""Evaluate a policy on held-out tasks: greedy accuracy, pass@k, mean@k.
 
-Greedy: one temperature-0 sample per task. Sampled: k samples per task at the
+The rollouts come from a `temper.rollout.sources.RolloutSource` (single-turn
+prompts or multi-turn env episodes), already scored. Greedy: one
+temperature-0 sample per task. Sampled: k samples per task at the
 given temperature, seeded, from which pass@j (unbiased, for j = 1, 2, 4 … k)
 and mean@k (the average correctness of the k samples) are computed. Results
 are broken down by task category. Nothing here trains or changes weights.
@@ -12,11 +14,9 @@ from collections import defaultdict
 from typing import Any
 
 from temper.data.base import Task
-from temper.engine.base import Engine, SamplingParams
+from temper.engine.base import SamplingParams
 from temper.eval.metrics import ks_for, pass_at_k
-from temper.rewards.base import Reward
-from temper.rollout.scoring import score_trajectories
-from temper.rollout.single_turn import PromptRenderer, rollout_groups
+from temper.rollout.sources import RolloutSource
 from temper.rollout.trajectory import Trajectory
 
 
@@ -30,9 +30,7 @@ def _summarise(groups: list[list[Trajectory]], k: int) -> dict[str, float]:
 
 
 async def evaluate(
-    engine: Engine,
-    renderer: PromptRenderer,
-    reward: Reward,
+    source: RolloutSource,
     tasks: list[Task],
     k: int = 4,
     temperature: float = 1.0,
@@ -42,23 +40,20 @@ async def evaluate(
     sampled: bool = True,
 ) -> dict[str, Any]:
     """Run the eval; returns a JSON-able dict of metrics."""
-    by_id = {t.id: t for t in tasks}
     result: dict[str, Any] = {"n_tasks": len(tasks), "k": k, "temperature": temperature}
     by_cat: dict[str, dict[str, Any]] = defaultdict(dict)
     if greedy:
         params = SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens)
-        groups = await rollout_groups(engine, renderer, tasks, params)
+        groups, _ = await source.groups(tasks, params)
         flat = [t for g in groups for t in g]
-        await score_trajectories(reward, by_id, flat)
         result["accuracy"] = sum(bool(t.correct) for t in flat) / len(flat)
-        result["mean_response_tokens"] = sum(len(t.response_ids) for t in flat) / len(flat)
+        result["mean_response_tokens"] = sum(t.num_policy_tokens for t in flat) / len(flat)
         for cat, trajs in _by_category(flat).items():
             by_cat[cat]["accuracy"] = sum(bool(t.correct) for t in trajs) / len(trajs)
             by_cat[cat]["n"] = len(trajs)
     if sampled:
         params = SamplingParams(n=k, temperature=temperature, max_new_tokens=max_new_tokens)
-        groups = await rollout_groups(engine, renderer, tasks, params, seed=seed)
-        await score_trajectories(reward, by_id, [t for g in groups for t in g])
+        groups, _ = await source.groups(tasks, params, seed=seed)
         result.update(_summarise(groups, k))
         cat_groups: dict[str, list[list[Trajectory]]] = defaultdict(list)
         for g in groups:

@@ -8,24 +8,23 @@ from temper.config import Config
 from temper.engine.base import SamplingParams
 from temper.eval.harness import evaluate
 from temper.models import load_tokenizer, resolve_model_path
-from temper.orchestrator.build import build_engine, build_reward, build_tasks
+from temper.orchestrator.build import build_engine, build_rollouts
 from temper.rollout.single_turn import PromptRenderer, check_prompt_fits
 
 
 async def run_eval(cfg: Config) -> dict[str, Any]:
-    """Evaluate `cfg.model.path` on the held-out split of `cfg.data`."""
+    """Evaluate `cfg.model.path` on the held-out split of `cfg.data` (or of `cfg.env`)."""
     model_path = str(resolve_model_path(cfg.model.path))
     tokenizer = load_tokenizer(model_path)
-    _, tasks = build_tasks(cfg.data, cfg.run.seed)
+    engine = build_engine(cfg, model_path, tokenizer)
+    rollouts = build_rollouts(cfg, engine, tokenizer)
+    tasks = rollouts.heldout
     if cfg.eval.size:
         tasks = tasks[: cfg.eval.size]
-    engine = build_engine(cfg, model_path, tokenizer)
-    reward = build_reward(cfg.reward)
+    reward = rollouts.reward
     try:
         result = await evaluate(
-            engine,
-            PromptRenderer(tokenizer, cfg.data.system_prompt),
-            reward,
+            rollouts.source,
             tasks,
             k=cfg.eval.k,
             temperature=cfg.eval.temperature,
@@ -34,7 +33,7 @@ async def run_eval(cfg: Config) -> dict[str, Any]:
         )
     finally:
         await engine.close()
-        close = getattr(reward, "close", None)
+        close = getattr(reward, "close", None) if reward is not None else None
         if close is not None:
             close()
     result["model"] = model_path

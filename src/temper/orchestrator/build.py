@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -13,6 +14,8 @@ from temper.data.base import Task
 from temper.data.sampler import ListSampler, ProceduralSampler, TaskSampler
 from temper.errors import DataError
 from temper.rewards.base import Reward
+from temper.rollout.single_turn import PromptRenderer
+from temper.rollout.sources import EpisodeRollouts, RolloutSource, SingleTurnRollouts
 
 
 def build_tasks(cfg: DataConfig, seed: int) -> tuple[TaskSampler, list[Task]]:
@@ -78,3 +81,37 @@ def build_engine(cfg: Config, model_path: str, tokenizer: Any) -> Any:
     model = load_model(model_path, dtype=torch_dtype(cfg.model.dtype))
     opts = {"max_slots": cfg.engine.max_slots} if cfg.engine.type == "native" else {}
     return make(cfg.engine.type, model, tokenizer, **opts)
+
+
+@dataclass
+class Rollouts:
+    """A run's rollout source with its tasks (and the reward it owns, to close)."""
+
+    source: RolloutSource
+    train: TaskSampler
+    heldout: list[Task]
+    reward: Reward | None
+    renderer: PromptRenderer | None  # single-turn runs only: to check prompt lengths
+
+
+def build_rollouts(cfg: Config, engine: Any, tokenizer: Any) -> Rollouts:
+    """Single-turn prompts (``env.type = "none"``) or episodes of the configured env."""
+    if not cfg.env.enabled:
+        train, heldout = build_tasks(cfg.data, cfg.run.seed)
+        reward = build_reward(cfg.reward)
+        renderer = PromptRenderer(tokenizer, cfg.data.system_prompt)
+        return Rollouts(
+            SingleTurnRollouts(engine, renderer, reward), train, heldout, reward, renderer
+        )
+    from temper.envs.registry import build_env_spec
+
+    spec = build_env_spec(cfg.env.type, cfg.env.options, cfg.run.seed)
+    if spec.train is None or spec.heldout is None:
+        train, heldout = build_tasks(cfg.data, cfg.run.seed)
+    train = spec.train if spec.train is not None else train
+    heldout = spec.heldout if spec.heldout is not None else heldout
+    reward = build_reward(cfg.reward) if cfg.env.add_reward else None
+    source = EpisodeRollouts(
+        engine, spec, tokenizer, cfg.env.limits, reward, cfg.env.max_concurrency
+    )
+    return Rollouts(source, train, heldout, reward, None)

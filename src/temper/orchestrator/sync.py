@@ -26,10 +26,10 @@ from temper.models import load_model, load_tokenizer, resolve_model_path
 from temper.monitor.progress import RunProgress
 from temper.monitor.report import write_report
 from temper.monitor.sinks import JsonlSink, truncate_jsonl_after_step
-from temper.orchestrator.build import build_engine, build_reward, build_tasks
+from temper.orchestrator.build import build_engine, build_rollouts
 from temper.orchestrator.run_dir import RunDir
-from temper.rollout.scoring import score_trajectories
-from temper.rollout.single_turn import PromptRenderer, check_prompt_fits, rollout_groups
+from temper.rollout.multi_turn import episode_stats
+from temper.rollout.single_turn import check_prompt_fits
 from temper.rollout.trajectory import Trajectory
 from temper.trainer.checkpoint import (
     list_checkpoints,
@@ -53,7 +53,8 @@ def assign_advantages(
     dropped = 0
     usable = []
     for g in groups:
-        g = [t for t in g if not math.isnan(t.reward)]
+        # NaN reward: scoring failed with on_error="drop"; no tokens: the env failed at reset.
+        g = [t for t in g if not math.isnan(t.reward) and t.num_tokens > 0]
         if len(g) < 2 or (drop_zero_variance and len({t.reward for t in g}) == 1):
             dropped += 1
             continue
@@ -73,7 +74,7 @@ def assign_advantages(
 
 def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
     rewards = torch.tensor([t.reward for t in trajs if not math.isnan(t.reward)] or [0.0])
-    lengths = [len(t.response_ids) for t in trajs]
+    lengths = [t.num_policy_tokens for t in trajs]
     out = {
         "reward_mean": float(rewards.mean()),
         "reward_std": float(rewards.std(unbiased=False)),
@@ -105,9 +106,6 @@ class SyncOrchestrator:
             model_path = str(ckpts[-1])
         torch.manual_seed(cfg.run.seed)
         self.tokenizer = load_tokenizer(model_path)
-        self.sampler, self.eval_tasks = build_tasks(cfg.data, cfg.run.seed)
-        self.renderer = PromptRenderer(self.tokenizer, cfg.data.system_prompt)
-        self.reward = build_reward(cfg.reward)
         self.model = load_model(model_path, dtype=torch.float32)
         ref = None
         if cfg.algo.kl_coef > 0:
@@ -122,6 +120,8 @@ class SyncOrchestrator:
             ref_model=ref,
         )
         self.engine = build_engine(cfg, model_path, self.tokenizer)
+        self.rollouts = build_rollouts(cfg, self.engine, self.tokenizer)
+        self.sampler, self.eval_tasks = self.rollouts.train, self.rollouts.heldout
         self._check_prompts_fit()
         if ckpts:
             compute.run(self._restore, ckpts[-1])
@@ -129,11 +129,17 @@ class SyncOrchestrator:
         self.events = JsonlSink(self.run_dir.events)
 
     def _check_prompts_fit(self) -> None:
-        """Fail before any work if a dataset prompt cannot fit in the context."""
+        """Fail before any work if a dataset prompt cannot fit in the context.
+
+        Env runs are checked per episode instead (the env renders the first prompt).
+        """
+        renderer = self.rollouts.renderer
+        if renderer is None:
+            return
         tasks = list(self.eval_tasks)
         tasks += getattr(self.sampler, "tasks", [])
         for task in tasks:
-            ids, _ = self.renderer.render(task)
+            ids, _ = renderer.render(task)
             check_prompt_fits(task, ids, self.engine.max_context)
 
     def _restore(self, ckpt: Path) -> None:
@@ -161,9 +167,7 @@ class SyncOrchestrator:
         e = self.cfg.eval
         tasks = self.eval_tasks[: e.size] if e.size else self.eval_tasks
         result = await evaluate(
-            self.engine,
-            self.renderer,
-            self.reward,
+            self.rollouts.source,
             tasks,
             k=e.k,
             temperature=e.temperature,
@@ -177,16 +181,11 @@ class SyncOrchestrator:
         cfg = self.cfg
         t0 = time.perf_counter()
         tasks: list[Task] = self.sampler.sample(cfg.orchestrator.prompts_per_step)
-        groups = await rollout_groups(
-            self.engine,
-            self.renderer,
-            tasks,
-            self._sampling(),
-            seed=cfg.run.seed * 1_000_003 + step,
+        groups, rollout_stats = await self.rollouts.source.groups(
+            tasks, self._sampling(), seed=cfg.run.seed * 1_000_003 + step
         )
         flat = [t for g in groups for t in g]
-        t1 = time.perf_counter()
-        failures = await score_trajectories(self.reward, {t.id: t for t in tasks}, flat)
+        failures = int(rollout_stats["reward_errors"])
         t2 = time.perf_counter()
         release = getattr(self.engine, "release_memory", None)
         if release is not None and cfg.engine.release_memory_during_train:
@@ -205,13 +204,15 @@ class SyncOrchestrator:
             groups_dropped=dropped,
             reward_errors=failures,
             policy_version=self.engine.version,
-            time_generate_s=t1 - t0,
-            time_reward_s=t2 - t1,
+            time_generate_s=rollout_stats["time_generate_s"],
+            time_reward_s=rollout_stats["time_reward_s"],
             time_train_s=t3 - t2,
             time_weight_sync_s=t4 - t3,
             time_step_s=t4 - t0,
-            gen_tokens_per_s=m["tokens_generated"] / max(t1 - t0, 1e-9),
+            gen_tokens_per_s=m["tokens_generated"] / max(rollout_stats["time_generate_s"], 1e-9),
         )
+        if cfg.env.enabled:
+            m.update({f"env/{k}": v for k, v in episode_stats(flat).items()})
         n_keep = cfg.log.trajectories_per_step
         if n_keep:
             stride = max(1, len(flat) // n_keep)
@@ -269,7 +270,7 @@ class SyncOrchestrator:
         self.metrics.close()
         self.events.close()
         await self.engine.close()
-        close = getattr(self.reward, "close", None)
+        close = getattr(self.rollouts.reward, "close", None)
         if close is not None:
             res = close()
             if hasattr(res, "__await__"):

@@ -27,7 +27,7 @@ import asyncio
 import json
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from temper.data.base import Task
@@ -212,7 +212,10 @@ async def run_episode(
         if not deadline.expired():
             raise
         episode.finish = "timeout"
-    return episode.trajectory(task, group_id, tokenizer)
+    traj = episode.trajectory(task, group_id, tokenizer)
+    traj.episode_seed = seed
+    traj.task = asdict(task)
+    return traj
 
 
 async def _play(

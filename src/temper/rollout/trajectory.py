@@ -12,7 +12,8 @@ Multi-turn episodes (`temper.rollout.multi_turn`) also fill the fields after
 in `response_ids`, `turn_rewards[k]` its env reward (0.0 when the env gave
 none), `messages` the conversation as chat messages (for logs and judges),
 `env_info`/`env_metrics` the env's merged info and summed counters, and
-`env_error` the reason when the env failed. Single-turn trajectories keep the
+`env_error` the reason when the env failed, and `episode_seed` / `task` the
+seed and task the env was reset with (what `temper replay` needs). Single-turn trajectories keep the
 defaults (one turn, nothing else).
 """
 
@@ -47,6 +48,8 @@ class Trajectory:
     env_info: dict[str, Any] = field(default_factory=dict)
     env_metrics: dict[str, float] = field(default_factory=dict)
     env_error: str | None = None
+    episode_seed: int | None = None
+    task: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)
