@@ -2,7 +2,8 @@
 
 Every call starts a fresh bubblewrap sandbox (the "cold" path: ~6 ms of bwrap
 on top of the command's own start-up) with a fresh scratch dir, applies the
-rlimits with ``prlimit`` inside it, feeds stdin, caps stdout/stderr, enforces
+rlimits inside it (``prlimit`` for commands; snippets set their own, see
+`BOOT`), feeds stdin, caps stdout/stderr, enforces
 the wall-clock timeout by killing the whole sandbox, and returns files the code
 wrote. `SandboxPool` (pool.py) has the same API and serves calls from warm
 workers.
