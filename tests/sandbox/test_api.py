@@ -4,6 +4,7 @@ worker lifecycle, config validation, and the rlimits-only fallback."""
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import time
@@ -82,25 +83,33 @@ def test_async_runs_overlap(box):
 def test_pool_reuses_workers_and_resets_between_calls():
     if bwrap_problem():
         pytest.skip(bwrap_problem())
+    # What one call leaves behind: files in /sandbox, /tmp and /dev/shm, a SysV
+    # shared memory segment, and a background process.
+    code = """
+import ctypes, json, os, subprocess
+server = open(f"/proc/{os.getppid()}/stat").read().split()[3]
+comms = [open(f"/proc/{p}/comm").read().strip() for p in os.listdir("/proc") if p.isdigit()]
+print(json.dumps({
+    "worker": open(f"/proc/{server}/stat").read().split()[21],
+    "here": sorted(os.listdir(".")),
+    "left": [p for p in ("/tmp/mark", "/dev/shm/mark") if os.path.exists(p)],
+    "shm": len(open("/proc/sysvipc/shm").readlines()) - 1,
+    "sleepers": comms.count("sleep"),
+}))
+for path in ("/tmp/mark", "/dev/shm/mark", "mine"):
+    open(path, "w").write("x")
+ctypes.CDLL(None).shmget(1234, 4096, 0o1666)
+subprocess.Popen(["sleep", "30"], start_new_session=True)
+"""
     with SandboxPool(CONFIG.model_copy(update={"pool_size": 1, "pool_max_uses": 3})) as pool:
-        server_ids = []
+        workers = []
         for i in range(4):
-            # The server is the parent of this child's parent; its start time
-            # in the namespace identifies the worker.
-            r = pool.run_python(
-                "import os, sys\n"
-                "ppid = os.getppid()\n"
-                "server = open(f'/proc/{ppid}/stat').read().split()[3]\n"
-                "print(open(f'/proc/{server}/stat').read().split()[21], os.listdir('.'),"
-                " os.path.exists('/tmp/mark'))\n"
-                "open('/tmp/mark', 'w').write('x'); open('mine', 'w').write('x')",
-                files={f"in{i}": "x"},
-            )
-            start, *rest = r.stdout.split(" ", 1)
-            assert rest == [f"['in{i}'] False\n"], r
-            server_ids.append(start)
-        assert server_ids[0] == server_ids[1] == server_ids[2]  # one warm worker
-        assert len(pool._idle) == 1  # recycled after 3 uses, replacement ready
+            r = pool.run_python(code, files={f"in{i}": "x"})
+            out = json.loads(r.stdout)
+            workers.append(out.pop("worker"))
+            assert out == {"here": [f"in{i}"], "left": [], "shm": 0, "sleepers": 0}, out
+        assert workers[0] == workers[1] == workers[2] != workers[3]  # reused, then recycled
+        assert len(pool._idle) == 1
 
 
 def test_pool_replaces_a_worker_whose_server_was_killed():
