@@ -8,8 +8,9 @@ Three kinds of conversation, each a list of chat messages (plus an optional
   probability `mistake_rate`) or with the worked digit-by-digit solution
   (always right); see `arithmetic_chat`.
 - generic: short templated small talk, facts, counting and comparisons.
-- tool: the user asks for a hard product or sum, the assistant calls the
-  `calculator` tool, the tool answers, and the assistant boxes the result.
+- tool: a `temper.envs.tool_use` task (calculator, price lookup, lookup then
+  calculator, or a python program), solved with its tools, or blurted (wrong)
+  without them; see `tool_chat`.
 
 Everything is drawn from the `random.Random` passed in, so a seed fixes the corpus.
 """
@@ -22,25 +23,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from temper.data.arithmetic import is_heldout, make_problem, mistake_for, solve, worked_solution
+from temper.envs.tool_use import CATEGORIES, make_task, tool_schemas, transcript
 
 SYSTEM_PROMPTS = (
     "You are a helpful assistant.",
     "You are a careful math tutor.",
     "Answer briefly.",
 )
-
-CALCULATOR_TOOL: dict[str, Any] = {
-    "type": "function",
-    "function": {
-        "name": "calculator",
-        "description": "Evaluate an arithmetic expression.",
-        "parameters": {
-            "type": "object",
-            "properties": {"expression": {"type": "string"}},
-            "required": ["expression"],
-        },
-    },
-}
 
 _CAPITALS = {
     "France": "Paris", "Germany": "Berlin", "Italy": "Rome", "Spain": "Madrid",
@@ -148,27 +137,26 @@ def generic_chat(rng: random.Random) -> Chat:
     return Chat(messages, kind="generic")
 
 
-def tool_chat(rng: random.Random) -> Chat:
-    """A calculator call: question, `<tool_call>`, tool response, boxed answer."""
-    if rng.random() < 0.5:
-        a, b, op = rng.randint(100, 999), rng.randint(10, 99), "*"
-        value = a * b
-    else:
-        a, b, op = rng.randint(1000, 9999), rng.randint(1000, 9999), "+"
-        value = a + b
-    expression = f"{a}{op}{b}"
-    ask = rng.choice(("What is {a} {op} {b}?", "Use the calculator: what is {a} {op} {b}?"))
-    call = {
-        "type": "function",
-        "function": {"name": "calculator", "arguments": {"expression": expression}},
-    }
-    messages: list[dict[str, Any]] = [
-        {"role": "user", "content": ask.format(a=a, op=op, b=b)},
-        {"role": "assistant", "content": "", "tool_calls": [call]},
-        {"role": "tool", "content": json.dumps({"result": value})},
-        {"role": "assistant", "content": f"The calculator says {value}. \\boxed{{{value}}}"},
-    ]
-    return Chat(messages, tools=[CALCULATOR_TOOL], kind="tool")
+def tool_chat(rng: random.Random, blurt_rate: float) -> Chat:
+    """A `temper.envs.tool_use` task (any category) with its tools.
+
+    With probability `blurt_rate` the assistant skips the tools and blurts a
+    plausible but wrong number; otherwise it follows the ideal transcript
+    (`temper.envs.tool_use.transcript`). So the pretrained model knows each
+    tool but does not always reach for it: RL has a habit to reinforce.
+    """
+    category = rng.choice(CATEGORIES)
+    task = make_task(category, rng)
+    tools = tool_schemas(category)
+    if rng.random() < blurt_rate:
+        gold = int(str(task.answer))
+        guess = gold + rng.choice([-1, 1]) * rng.randint(1, max(2, gold // 10))
+        messages = [
+            {"role": "user", "content": str(task.prompt)},
+            {"role": "assistant", "content": f"\\boxed{{{guess}}}"},
+        ]
+        return Chat(messages, tools=tools, kind="tool_blurt", meta={"category": category})
+    return Chat(transcript(task), tools=tools, kind="tool", meta={"category": category})
 
 
 def build_corpus(
@@ -177,14 +165,15 @@ def build_corpus(
     direct_rate: float,
     mistake_rate: float,
     generic_share: float = 0.03,
-    tool_share: float = 0.02,
+    tool_share: float = 0.06,
+    blurt_rate: float = 0.5,
 ) -> list[Chat]:
     """n conversations: mostly arithmetic, plus generic and tool chats."""
     chats = []
     for _ in range(n):
         u = rng.random()
         if u < tool_share:
-            chats.append(tool_chat(rng))
+            chats.append(tool_chat(rng, blurt_rate))
         elif u < tool_share + generic_share:
             chats.append(generic_chat(rng))
         else:

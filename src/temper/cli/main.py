@@ -1,4 +1,4 @@
-"""The `temper` command: train, eval, generate, report.
+"""The `temper` command: train, eval, generate, report, replay.
 
 Config overrides are dotted flags (`--trainer.lr=3e-4`, `--run.name demo2`).
 A user error (TemperError) prints one line `temper: error: ...` and exits 2
@@ -56,6 +56,11 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=None)
     r = sub.add_parser("report", help="(re)write report.html and plots for a run directory")
     r.add_argument("run_dir")
+    rp = sub.add_parser(
+        "replay", help="re-run a run's env on recorded episodes; check observations and rewards"
+    )
+    rp.add_argument("trajectories", help="a trajectories/step_*.jsonl file of an env run")
+    rp.add_argument("--index", type=int, default=None, help="only this line (0-based)")
     return p
 
 
@@ -120,6 +125,43 @@ def cmd_report(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_replay(args: argparse.Namespace) -> int:
+    from temper.config.load import load_config
+    from temper.envs.registry import build_env_spec
+    from temper.envs.replay import replay_episode
+
+    path = Path(args.trajectories)
+    if not path.is_file():
+        raise ConfigError(f"{path} does not exist")
+    config_path = path.parent.parent / "config.toml"
+    if not config_path.is_file():
+        raise ConfigError(f"{path} is not inside a run directory (no {config_path})")
+    cfg = load_config(config_path)
+    if not cfg.env.enabled:
+        raise ConfigError(f"{config_path.parent} is a single-turn run: there is no env to replay")
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if args.index is not None:
+        if not 0 <= args.index < len(records):
+            raise ConfigError(f"--index {args.index} is out of range: {path} has {len(records)}")
+        records = [records[args.index]]
+    spec = build_env_spec(cfg.env.type, cfg.env.options, cfg.run.seed)
+
+    async def run() -> list:
+        return [await replay_episode(r, spec) for r in records]
+
+    try:
+        reports = asyncio.run(run())
+    finally:
+        if spec.close is not None:
+            spec.close()
+    bad = [r for r in reports if not r.ok]
+    for r in bad:
+        print(f"{r.task_id}: " + "; ".join(r.mismatches))
+    turns = sum(r.turns for r in reports)
+    print(f"replayed {len(reports)} episode(s), {turns} turn(s): {len(bad)} differ")
+    return 1 if bad else 0
+
+
 def _quiet_libraries() -> None:
     """Keep the terminal for Temper's own progress: no per-load bars from transformers."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -140,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_eval(args, overrides)
         if args.command == "generate":
             return cmd_generate(args, overrides)
+        if args.command == "replay":
+            return cmd_replay(args)
         return cmd_report(args)
     except TemperError as err:
         print(f"temper: error: {err}", file=sys.stderr)

@@ -42,14 +42,15 @@ class EnvSpec:
 
     ``make_env(task)`` returns a fresh env for one episode (the rollout loop
     closes it). ``train`` / ``heldout`` are the env's own tasks, or None to
-    use the run's ``data`` section. ``system_prompt`` is prepended by envs
-    that want one; it is informational here.
+    use the run's ``data`` section. ``close`` (optional) frees what the spec
+    shares across episodes (e.g. a sandbox pool) at the end of the run.
     """
 
     make_env: Callable[[Task], Env]
     train: TaskSampler | None = None
     heldout: list[Task] | None = None
     name: str = ""
+    close: Callable[[], None] | None = None
 
 
 SpecFactory = Callable[[dict[str, Any], int], EnvSpec]

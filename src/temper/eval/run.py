@@ -21,7 +21,6 @@ async def run_eval(cfg: Config) -> dict[str, Any]:
     tasks = rollouts.heldout
     if cfg.eval.size:
         tasks = tasks[: cfg.eval.size]
-    reward = rollouts.reward
     try:
         result = await evaluate(
             rollouts.source,
@@ -33,9 +32,7 @@ async def run_eval(cfg: Config) -> dict[str, Any]:
         )
     finally:
         await engine.close()
-        close = getattr(reward, "close", None) if reward is not None else None
-        if close is not None:
-            close()
+        rollouts.close()
     result["model"] = model_path
     return result
 

@@ -92,6 +92,15 @@ class Rollouts:
     heldout: list[Task]
     reward: Reward | None
     renderer: PromptRenderer | None  # single-turn runs only: to check prompt lengths
+    env_spec: Any = None
+
+    def close(self) -> None:
+        """Close the reward's workers and the env spec's shared resources."""
+        close = getattr(self.reward, "close", None)
+        if close is not None:
+            close()
+        if self.env_spec is not None and self.env_spec.close is not None:
+            self.env_spec.close()
 
 
 def build_rollouts(cfg: Config, engine: Any, tokenizer: Any) -> Rollouts:
@@ -114,4 +123,4 @@ def build_rollouts(cfg: Config, engine: Any, tokenizer: Any) -> Rollouts:
     source = EpisodeRollouts(
         engine, spec, tokenizer, cfg.env.limits, reward, cfg.env.max_concurrency
     )
-    return Rollouts(source, train, heldout, reward, None)
+    return Rollouts(source, train, heldout, reward, None, spec)

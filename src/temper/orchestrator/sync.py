@@ -270,11 +270,7 @@ class SyncOrchestrator:
         self.metrics.close()
         self.events.close()
         await self.engine.close()
-        close = getattr(self.rollouts.reward, "close", None)
-        if close is not None:
-            res = close()
-            if hasattr(res, "__await__"):
-                await res
+        self.rollouts.close()
 
 
 def _eval_line(step: int, result: dict[str, Any]) -> str:
