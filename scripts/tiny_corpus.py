@@ -17,7 +17,6 @@ Everything is drawn from the `random.Random` passed in, so a seed fixes the corp
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass, field
 from typing import Any
