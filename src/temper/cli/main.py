@@ -61,6 +61,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     rp.add_argument("trajectories", help="a trajectories/step_*.jsonl file of an env run")
     rp.add_argument("--index", type=int, default=None, help="only this line (0-based)")
+    sv = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
+    sv.add_argument("--model", default="tiny", help='model directory or "tiny"')
+    sv.add_argument("--engine", default="native", choices=["native", "hf"])
+    sv.add_argument("--host", default="127.0.0.1")
+    sv.add_argument("--port", type=int, default=8000)
+    sv.add_argument("--served-model-name", default=None, help="model id clients send")
     return p
 
 
@@ -162,6 +168,15 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
+def cmd_serve(args: argparse.Namespace, overrides: list[str]) -> int:
+    from temper.serve import run_server
+
+    if overrides:
+        raise ConfigError(f"serve takes no config overrides, got {overrides[0]!r}")
+    run_server(args.model, args.engine, args.host, args.port, model_name=args.served_model_name)
+    return 0
+
+
 def _quiet_libraries() -> None:
     """Keep the terminal for Temper's own progress: no per-load bars from transformers."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -184,6 +199,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_generate(args, overrides)
         if args.command == "replay":
             return cmd_replay(args)
+        if args.command == "serve":
+            return cmd_serve(args, overrides)
         return cmd_report(args)
     except TemperError as err:
         print(f"temper: error: {err}", file=sys.stderr)

@@ -1,0 +1,457 @@
+"""An OpenAI-compatible HTTP server in front of any Temper engine.
+
+`create_app(engine, tokenizer)` builds a FastAPI app with `POST
+/v1/chat/completions`, `POST /v1/completions`, `GET /v1/models` and `GET
+/health`. A chat request is rendered once with the tokenizer's chat template
+(tools included) and tokenised; the engine gets those ids (token-in) and its
+sampled ids are decoded without special tokens (token-out). Tool calls in the
+output are parsed with `temper.envs.tools.parse_tool_calls`.
+
+`start_server(...)` runs the app under uvicorn in a background thread with
+its own event loop and returns a `ServerHandle` (base URL, `stop()`). The
+engine is driven from that loop only: the native engine runs on one event
+loop at a time, so do not call the same engine from another running loop
+while the server is up. `run_server(...)` is the blocking entry point of
+`temper serve`.
+
+Not supported: streaming, top-k logprob alternatives, penalties, logit bias,
+forced tool choice, authentication (any api_key is accepted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import socket
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from temper.engine.base import Engine, GenerationResult, SampleOutput
+from temper.envs.tools import parse_tool_calls
+from temper.errors import PromptTooLongError, TemperError
+from temper.serve import protocol as P
+from temper.serve.protocol import APIError
+
+log = logging.getLogger(__name__)
+
+# Mirrors the block regex of `parse_tool_calls`, so block i here is block i there.
+_TOOL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|(?=<tool_call>)|\Z)", re.DOTALL)
+
+
+class OpenAIServer:
+    """The request handlers: validation, rendering, generation, response building."""
+
+    def __init__(self, engine: Engine, tokenizer: Any, model_name: str) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.created = int(time.time())
+
+    # ------------------------------------------------------------------ helpers
+    def _check_model(self, model: str) -> None:
+        if model != self.model_name:
+            raise APIError(
+                f"model {model!r} does not exist; this server serves {self.model_name!r}",
+                param="model",
+                status=404,
+                code="model_not_found",
+            )
+
+    def _encode(self, text: str, special: bool) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=special)["input_ids"])
+
+    def _check_fits(self, ids: list[int], param: str) -> None:
+        if not ids:
+            raise APIError(f"{param} renders to zero tokens", param=param)
+        if len(ids) >= self.engine.max_context:
+            raise APIError(
+                f"{param} is {len(ids)} tokens, but the model context is "
+                f"{self.engine.max_context} tokens (the prompt must leave room to generate)",
+                param=param,
+                code="context_length_exceeded",
+            )
+
+    async def _generate(self, ids: list[int], params: Any) -> GenerationResult:
+        try:
+            return await self.engine.generate(ids, params)
+        except PromptTooLongError as exc:
+            raise APIError(str(exc), code="context_length_exceeded") from None
+        except (TemperError, ValueError) as exc:
+            raise APIError(f"the engine refused the request: {exc}") from None
+
+    def _text(self, sample: SampleOutput) -> str:
+        """Decoded sample without special tokens, cut before a matched stop string."""
+        text = self.tokenizer.decode(sample.token_ids, skip_special_tokens=True)
+        if isinstance(sample.stop_reason, str):
+            cut = text.find(sample.stop_reason)
+            if cut >= 0:
+                text = text[:cut]
+        return text
+
+    def _token_strings(self, ids: list[int]) -> list[str]:
+        return [self.tokenizer.decode([t], skip_special_tokens=False) for t in ids]
+
+    def _chat_logprobs(self, sample: SampleOutput) -> dict[str, Any]:
+        """OpenAI chat logprobs: one entry per sampled token (the stop token included)."""
+        content = [
+            {"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": []}
+            for tok, lp in zip(self._token_strings(sample.token_ids), sample.logprobs, strict=True)
+        ]
+        return {"content": content, "refusal": None}
+
+    def _completion_logprobs(self, sample: SampleOutput) -> dict[str, Any]:
+        """Legacy completions logprobs: tokens, token_logprobs, text_offset."""
+        tokens = self._token_strings(sample.token_ids)
+        offsets, pos = [], 0
+        for tok in tokens:
+            offsets.append(pos)
+            pos += len(tok)
+        return {
+            "tokens": tokens,
+            "token_logprobs": list(sample.logprobs),
+            "top_logprobs": None,
+            "text_offset": offsets,
+        }
+
+    def _message(self, sample: SampleOutput, parse_tools: bool) -> tuple[dict[str, Any], str]:
+        """The assistant message for a sample and its OpenAI finish_reason."""
+        text = self._text(sample)
+        finish = sample.finish_reason
+        message: dict[str, Any] = {"role": "assistant", "content": text}
+        if not parse_tools:
+            return message, finish
+        calls, _errors = parse_tool_calls(text)
+        if not calls:
+            return message, finish
+        parsed = {c.index for c in calls}
+        # Malformed blocks stay in the content so the client can see them.
+        kept = [m.group(0) for i, m in enumerate(_TOOL_BLOCK.finditer(text)) if i not in parsed]
+        rest = _TOOL_BLOCK.sub("", text).strip()
+        content = "\n".join([rest, *kept] if rest else kept).strip()
+        message["content"] = content or None
+        message["tool_calls"] = [
+            {
+                "id": f"call_{uuid.uuid4().hex[:24]}",
+                "type": "function",
+                "function": {"name": c.name, "arguments": _json(c.arguments)},
+            }
+            for c in calls
+        ]
+        return message, ("tool_calls" if finish == "stop" else finish)
+
+    # ------------------------------------------------------------------ endpoints
+    async def chat(self, raw: bytes) -> dict[str, Any]:
+        req: P.ChatRequest = P.parse_body(raw, P.ChatRequest)
+        self._check_model(req.model)
+        messages = P.chat_messages(req)
+        tools = P.chat_tools(req)
+        want_logprobs = P.check_chat_logprobs(req)
+        try:
+            text = self.tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=True, tokenize=False
+            )
+        except Exception as exc:  # jinja errors: the template cannot render these messages
+            first = (str(exc).splitlines() or [type(exc).__name__])[0]
+            raise APIError(
+                f"messages cannot be rendered with the model's chat template: {first}",
+                param="messages",
+            ) from None
+        ids = self._encode(text, special=False)
+        self._check_fits(ids, "messages")
+        params = P.sampling_params(req, len(ids), self.engine.max_context)
+        result = await self._generate(ids, params)
+        choices = []
+        for i, sample in enumerate(result.samples):
+            message, finish = self._message(sample, parse_tools=tools is not None)
+            choice: dict[str, Any] = {
+                "index": i,
+                "message": message,
+                "logprobs": self._chat_logprobs(sample) if want_logprobs else None,
+                "finish_reason": finish,
+            }
+            if req.return_token_ids:
+                choice["token_ids"] = list(sample.token_ids)
+            choices.append(choice)
+        body = self._envelope("chatcmpl", "chat.completion", choices, [result])
+        if req.return_token_ids:
+            body["prompt_token_ids"] = ids
+        return body
+
+    async def completions(self, raw: bytes) -> dict[str, Any]:
+        req: P.CompletionRequest = P.parse_body(raw, P.CompletionRequest)
+        self._check_model(req.model)
+        want_logprobs = P.check_completion_extras(req)
+        prompts = self._completion_prompts(req.prompt)
+        for j, ids in enumerate(prompts):
+            self._check_fits(ids, "prompt" if len(prompts) == 1 else f"prompt[{j}]")
+        params = [P.sampling_params(req, len(ids), self.engine.max_context) for ids in prompts]
+        results = await asyncio.gather(
+            *[self._generate(ids, p) for ids, p in zip(prompts, params, strict=True)]
+        )
+        choices = []
+        for result in results:
+            for sample in result.samples:
+                choice: dict[str, Any] = {
+                    "index": len(choices),
+                    "text": self._text(sample),
+                    "logprobs": self._completion_logprobs(sample) if want_logprobs else None,
+                    "finish_reason": sample.finish_reason,
+                }
+                if req.return_token_ids:
+                    choice["token_ids"] = list(sample.token_ids)
+                choices.append(choice)
+        return self._envelope("cmpl", "text_completion", choices, list(results))
+
+    def _completion_prompts(self, prompt: Any) -> list[list[int]]:
+        """Token ids of each prompt: text is encoded (with the tokenizer's special
+        tokens, e.g. BOS), id lists are used as given."""
+        if isinstance(prompt, str):
+            return [self._encode(prompt, special=True)]
+        if not prompt:
+            raise APIError("prompt must not be empty", param="prompt")
+        if all(isinstance(p, int) for p in prompt):
+            return [list(prompt)]
+        return [self._encode(p, True) if isinstance(p, str) else list(p) for p in prompt]
+
+    def _envelope(
+        self, prefix: str, obj: str, choices: list[dict[str, Any]], results: list[GenerationResult]
+    ) -> dict[str, Any]:
+        prompt_tokens = sum(len(r.prompt_token_ids) for r in results)
+        completion_tokens = sum(len(s.token_ids) for r in results for s in r.samples)
+        return {
+            "id": f"{prefix}-{uuid.uuid4().hex}",
+            "object": obj,
+            "created": int(time.time()),
+            "model": self.model_name,
+            "choices": choices,
+            "usage": {
+                "prompt_tokens": prompt_tokens,
+                "completion_tokens": completion_tokens,
+                "total_tokens": prompt_tokens + completion_tokens,
+            },
+        }
+
+    def models(self) -> dict[str, Any]:
+        card = {
+            "id": self.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "temper",
+            "max_model_len": self.engine.max_context,
+        }
+        return {"object": "list", "data": [card]}
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _error(exc: APIError) -> JSONResponse:
+    return JSONResponse(exc.body(), status_code=exc.status)
+
+
+def create_app(
+    engine: Engine, tokenizer: Any, model_name: str = "temper", *, close_engine: bool = False
+) -> FastAPI:
+    """The FastAPI app serving ``engine`` as ``model_name``.
+
+    With ``close_engine`` the app awaits ``engine.close()`` at shutdown (on
+    the server's loop, where the engine ran). Errors are OpenAI-style JSON:
+    4xx for bad requests, 500 (logged with its traceback) for server bugs.
+    """
+    server = OpenAIServer(engine, tokenizer, model_name)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        if close_engine:
+            await engine.close()
+
+    app = FastAPI(title="Temper OpenAI-compatible server", lifespan=lifespan)
+    app.state.server = server
+
+    async def handle(request: Request, endpoint: Any) -> JSONResponse:
+        try:
+            return JSONResponse(await endpoint(await request.body()))
+        except APIError as exc:
+            return _error(exc)
+        except Exception as exc:  # a bug must answer 500, not kill the server
+            log.exception("request to %s failed", request.url.path)
+            return _error(
+                APIError(
+                    f"internal server error: {type(exc).__name__}: {exc}",
+                    status=500,
+                    type="server_error",
+                )
+            )
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> JSONResponse:
+        return await handle(request, server.chat)
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> JSONResponse:
+        return await handle(request, server.completions)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return server.models()
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "model": model_name, "engine_version": engine.version}
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        # Unknown routes and wrong methods get the same error shape as everything else.
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        return _error(APIError(message, status=exc.status_code))
+
+    return app
+
+
+@dataclass
+class ServerHandle:
+    """A server running in a background thread. `stop()` shuts it down cleanly."""
+
+    host: str
+    port: int
+    _server: Any = field(repr=False)
+    _thread: threading.Thread = field(repr=False)
+
+    @property
+    def url(self) -> str:
+        """The root URL, e.g. ``http://127.0.0.1:8000`` (``/health`` lives here)."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        """The OpenAI base URL, e.g. ``http://127.0.0.1:8000/v1``."""
+        return f"{self.url}/v1"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Ask uvicorn to exit (in-flight requests get a few seconds) and join the thread."""
+        self._server.should_exit = True
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise RuntimeError(f"server at {self.url} did not stop within {timeout}s")
+
+    def __enter__(self) -> ServerHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port``; `TemperError` (one line) if that fails."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except (OSError, OverflowError) as exc:
+        sock.close()
+        raise TemperError(f"cannot listen on {host}:{port}: {exc}") from None
+    return sock
+
+
+def serve_app_in_thread(
+    app: Any, host: str = "127.0.0.1", port: int = 0, *, startup_timeout: float = 30.0
+) -> ServerHandle:
+    """Run any ASGI ``app`` under uvicorn in a daemon thread with its own event loop.
+
+    ``port=0`` picks a free port. The socket is bound here, before the thread
+    starts, so the port is known and a bind error raises in the caller.
+    """
+    import uvicorn
+
+    sock = _bind(host, port)
+    config = uvicorn.Config(
+        app, log_level="warning", timeout_graceful_shutdown=5, lifespan="on", access_log=False
+    )
+    server = uvicorn.Server(config)
+    failure: list[BaseException] = []
+
+    def main() -> None:
+        try:
+            asyncio.run(server.serve(sockets=[sock]))
+        except BaseException as exc:  # reported to the starting thread below
+            failure.append(exc)
+        finally:
+            sock.close()
+
+    thread = threading.Thread(
+        target=main, name=f"temper-serve-{sock.getsockname()[1]}", daemon=True
+    )
+    thread.start()
+    deadline = time.monotonic() + startup_timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            reason = f": {failure[0]!r}" if failure else ""
+            raise RuntimeError(f"server on {host}:{sock.getsockname()[1]} failed to start{reason}")
+        time.sleep(0.01)
+    return ServerHandle(host, sock.getsockname()[1], server, thread)
+
+
+def start_server(
+    engine: Engine,
+    tokenizer: Any,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    model_name: str = "temper",
+    close_engine: bool = False,
+) -> ServerHandle:
+    """Serve ``engine`` on ``host:port`` (0 = a free port) from a background thread.
+
+    Returns once the server accepts connections. The engine runs on the
+    server's event loop; with ``close_engine`` it is closed when the server
+    stops, otherwise the caller keeps it (and may use it again after `stop()`).
+    """
+    app = create_app(engine, tokenizer, model_name, close_engine=close_engine)
+    return serve_app_in_thread(app, host, port)
+
+
+def run_server(
+    model: str = "tiny",
+    engine_type: str = "native",
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    model_name: str | None = None,
+) -> None:
+    """Load ``model`` (a path or "tiny"), build the engine and serve until Ctrl-C.
+
+    The port is bound before the model loads, so a busy port fails at once.
+    """
+    import uvicorn
+
+    from temper.engine import build_engine
+    from temper.models import load_model, load_tokenizer
+
+    sock = _bind(host, port)
+    try:
+        tokenizer = load_tokenizer(model)
+        engine = build_engine(engine_type, load_model(model), tokenizer)
+    except BaseException:
+        sock.close()
+        raise
+    name = model_name or model
+    app = create_app(engine, tokenizer, name, close_engine=True)
+    bound = sock.getsockname()[1]
+    print(f"temper serve: {name} ({engine_type} engine) at http://{host}:{bound}/v1", flush=True)
+    config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=5)
+    uvicorn.Server(config).run(sockets=[sock])

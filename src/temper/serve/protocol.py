@@ -1,0 +1,280 @@
+"""Request models and validation for the OpenAI-compatible server.
+
+This module turns a JSON request body into what the engine needs (chat
+messages ready for the chat template, `SamplingParams`) or raises `APIError`
+with an OpenAI-style message that names the offending parameter. It does no
+rendering, no generation and no HTTP; `temper.serve.openai_server` does.
+
+Unsupported OpenAI features are refused loudly (400 naming the parameter)
+rather than ignored: streaming, penalties, `logit_bias`, `echo`, `suffix`,
+`best_of` > n, top-k alternatives in logprobs, non-text content parts,
+`response_format` other than text, and forced tool choice.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from temper.engine.base import SamplingParams
+
+ROLES = ("system", "user", "assistant", "tool")
+
+
+class APIError(Exception):
+    """A request the server refuses; rendered as `{"error": {...}}` with `status`."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        status: int = 400,
+        type: str = "invalid_request_error",
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.status = status
+        self.type = type
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class _Request(BaseModel):
+    """Fields shared by chat and text completions. Unknown fields are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None  # extension (vLLM-style); -1 or 0 = off
+    max_tokens: int | None = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None  # extension
+    seed: int | None = None
+    stream: bool | None = False
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    return_token_ids: bool = False  # extension: echo prompt/sampled token ids
+
+
+class ChatRequest(_Request):
+    messages: list[Any]
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    logprobs: int | None = None
+    echo: bool | None = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+
+def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
+    """Decode and validate a request body; `APIError` names the first bad field."""
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise APIError(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise APIError(f"request body must be a JSON object, got {type(data).__name__}")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        param = ".".join(str(p) for p in err["loc"]) or None
+        raise APIError(f"invalid {param}: {err['msg']}", param=param) from None
+
+
+def _refuse_unsupported(req: _Request) -> None:
+    if req.stream:
+        raise APIError("stream=true is not supported by this server", param="stream")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if getattr(req, name):
+            raise APIError(f"{name} is not supported by this server", param=name)
+    if req.logit_bias:
+        raise APIError("logit_bias is not supported by this server", param="logit_bias")
+
+
+def sampling_params(
+    req: ChatRequest | CompletionRequest, prompt_len: int, max_context: int
+) -> SamplingParams:
+    """`SamplingParams` for a validated request whose prompt has `prompt_len` tokens.
+
+    Without a token limit the sample may run to the end of the context. A limit
+    beyond the context is allowed: the engine stops at the context with
+    finish_reason "length" (the same rule as training rollouts).
+    """
+    _refuse_unsupported(req)
+    if req.n < 1:
+        raise APIError(f"n must be at least 1, got {req.n}", param="n")
+    temperature = 1.0 if req.temperature is None else req.temperature
+    if temperature < 0:
+        raise APIError(f"temperature must be >= 0, got {temperature}", param="temperature")
+    top_p = 1.0 if req.top_p is None else req.top_p
+    if not 0 < top_p <= 1:
+        raise APIError(f"top_p must be in (0, 1], got {top_p}", param="top_p")
+    top_k = req.top_k if req.top_k is not None else 0
+    if top_k < -1:
+        raise APIError(f"top_k must be >= 0 (or -1 for off), got {top_k}", param="top_k")
+    limit_name, limit = "max_tokens", req.max_tokens
+    if isinstance(req, ChatRequest) and req.max_completion_tokens is not None:
+        limit_name, limit = "max_completion_tokens", req.max_completion_tokens
+    if limit is not None and limit < 1:
+        raise APIError(f"{limit_name} must be at least 1, got {limit}", param=limit_name)
+    stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    if any(not s for s in stops):
+        raise APIError("stop strings must be non-empty", param="stop")
+    return SamplingParams(
+        n=req.n,
+        temperature=temperature,
+        top_p=top_p,
+        top_k=max(top_k, 0),
+        max_new_tokens=limit if limit is not None else max(1, max_context - prompt_len),
+        stop_token_ids=tuple(req.stop_token_ids or ()),
+        stop_strings=tuple(stops),
+        seed=req.seed,
+    )
+
+
+def _text_content(content: Any, where: str) -> str | None:
+    """Message content as one string: a string, or a list of text parts joined."""
+    if content is None or isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind != "text" or not isinstance(part.get("text"), str):
+                raise APIError(
+                    f"{where}[{j}]: only text content parts are supported, got type {kind!r}",
+                    param=f"{where}[{j}]",
+                )
+            parts.append(part["text"])
+        return "".join(parts)
+    raise APIError(f"{where} must be a string or a list of text parts", param=where)
+
+
+def _check_tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(calls, list):
+        raise APIError(f"{where} must be a list", param=where)
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise APIError(
+                f"{where}[{j}] must be {{'type': 'function', 'function': {{'name': ..., "
+                "'arguments': ...}}}}",
+                param=f"{where}[{j}]",
+            )
+    return calls
+
+
+def chat_messages(req: ChatRequest) -> list[dict[str, Any]]:
+    """The request's messages normalised for the chat template.
+
+    "developer" becomes "system"; text-part lists become strings; an assistant
+    message may have no content when it has tool calls.
+    """
+    if req.response_format and req.response_format.get("type", "text") != "text":
+        raise APIError("only response_format type 'text' is supported", param="response_format")
+    if not req.messages:
+        raise APIError("messages must be a non-empty list", param="messages")
+    out: list[dict[str, Any]] = []
+    for i, msg in enumerate(req.messages):
+        where = f"messages[{i}]"
+        if not isinstance(msg, dict):
+            raise APIError(f"{where} must be an object with role and content", param=where)
+        role = "system" if msg.get("role") == "developer" else msg.get("role")
+        if role not in ROLES:
+            raise APIError(
+                f"{where}.role must be one of {', '.join(ROLES)}, got {msg.get('role')!r}",
+                param=f"{where}.role",
+            )
+        content = _text_content(msg.get("content"), f"{where}.content")
+        item: dict[str, Any] = {"role": role, "content": content}
+        if role == "assistant":
+            if msg.get("tool_calls"):
+                item["tool_calls"] = _check_tool_calls(msg["tool_calls"], f"{where}.tool_calls")
+            elif content is None:
+                item["content"] = ""
+        elif content is None:
+            raise APIError(f"{where}.content is missing", param=f"{where}.content")
+        for key in ("name", "tool_call_id"):
+            if key in msg:
+                item[key] = msg[key]
+        out.append(item)
+    return out
+
+
+def chat_tools(req: ChatRequest) -> list[dict[str, Any]] | None:
+    """The request's tools (OpenAI function schemas), or None when tools are off.
+
+    `tool_choice` "none" renders no tools; a forced choice ("required" or a
+    named function) is refused, since sampling cannot be constrained here.
+    """
+    choice = req.tool_choice
+    if choice is not None and choice not in ("auto", "none"):
+        raise APIError(
+            "tool_choice must be 'auto' or 'none' (forced tool calls are not supported)",
+            param="tool_choice",
+        )
+    if not req.tools or choice == "none":
+        return None
+    for i, tool in enumerate(req.tools):
+        fn = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+            raise APIError(
+                f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., ...}}}}",
+                param=f"tools[{i}]",
+            )
+    return list(req.tools)
+
+
+def check_chat_logprobs(req: ChatRequest) -> bool:
+    """Whether to return logprobs; refuses top alternatives the engine does not compute."""
+    if req.top_logprobs:
+        raise APIError(
+            "top_logprobs > 0 is not supported: the engine returns the sampled token's "
+            "logprob only (use logprobs=true with top_logprobs=0)",
+            param="top_logprobs",
+        )
+    return bool(req.logprobs)
+
+
+def check_completion_extras(req: CompletionRequest) -> bool:
+    """Refuse echo/suffix/best_of; return whether to include logprobs."""
+    if req.echo:
+        raise APIError("echo=true is not supported by this server", param="echo")
+    if req.suffix:
+        raise APIError("suffix is not supported by this server", param="suffix")
+    if req.best_of is not None and req.best_of != req.n:
+        raise APIError("best_of other than n is not supported", param="best_of")
+    if req.logprobs:
+        raise APIError(
+            "logprobs > 0 is not supported: the engine returns the sampled token's logprob "
+            "only (use logprobs=0)",
+            param="logprobs",
+        )
+    return req.logprobs is not None
