@@ -67,6 +67,10 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--served-model-name", default=None, help="model id clients send")
+    d = sub.add_parser("dash", help="live web dashboard over the run directories in RUNS_DIR")
+    d.add_argument("runs_dir", nargs="?", default="runs", help="folder of runs (default: runs)")
+    d.add_argument("--host", default="127.0.0.1")
+    d.add_argument("--port", type=int, default=8765)
     return p
 
 
@@ -177,6 +181,29 @@ def cmd_serve(args: argparse.Namespace, overrides: list[str]) -> int:
     return 0
 
 
+def cmd_dash(args: argparse.Namespace, overrides: list[str]) -> int:
+    from temper.monitor.dashboard import serve
+
+    if overrides:
+        raise ConfigError(f"dash takes no config overrides, got {overrides[0]!r}")
+    root, query = Path(args.runs_dir), ""
+    if (root / "metrics.jsonl").is_file() or (root / "config.toml").is_file():
+        # Given one run directory: serve its folder, with that run selected.
+        root, query = root.parent, f"/?runs={root.name}"
+    note = "" if root.is_dir() else " (does not exist yet: runs appear as they start)"
+
+    def announce(url: str) -> None:
+        print(f"dashboard: {url}{query}  runs: {root}{note}  (Ctrl-C stops)", flush=True)
+
+    try:
+        serve(root, args.host, args.port, announce=announce)
+    except OSError as err:
+        raise ConfigError(
+            f"cannot listen on {args.host}:{args.port}: {err.strerror or err} (try another --port)"
+        ) from err
+    return 0
+
+
 def _quiet_libraries() -> None:
     """Keep the terminal for Temper's own progress: no per-load bars from transformers."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -201,6 +228,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_replay(args)
         if args.command == "serve":
             return cmd_serve(args, overrides)
+        if args.command == "dash":
+            return cmd_dash(args, overrides)
         return cmd_report(args)
     except TemperError as err:
         print(f"temper: error: {err}", file=sys.stderr)

@@ -1,0 +1,250 @@
+"""Reading run directories for the dashboard: safe names, JSONL tails, listings.
+
+Everything here only reads. A run directory is being written while the
+dashboard watches it, so a JSONL file is read as complete lines only: a line
+the writer has not finished (no trailing newline yet) is left for the next
+poll instead of being parsed half-way.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+# Files that make a folder under RUNS_DIR a run directory (see `orchestrator.run_dir`).
+RUN_MARKERS = ("metrics.jsonl", "config.toml")
+_STEP_FILE = re.compile(r"^step_(\d+)\.jsonl?$")
+
+
+class RunNameError(ValueError):
+    """A run name that is not one plain directory name (HTTP 400)."""
+
+
+class RunNotFoundError(LookupError):
+    """A well-formed name with no run directory behind it (HTTP 404)."""
+
+
+def check_run_name(name: str) -> str:
+    """Return `name` if it is one plain folder name; raise RunNameError otherwise.
+
+    Names come from URLs, so anything that could leave RUNS_DIR is refused
+    before the file system is touched: separators (so absolute paths too),
+    `.`/`..`, NUL bytes and hidden names.
+    """
+    if not name or name.strip() != name:
+        raise RunNameError(f"run name {name!r} is empty or has surrounding whitespace")
+    if "/" in name or "\\" in name or "\x00" in name:
+        raise RunNameError(f"run name {name!r} must be a single directory name (no / \\ or NUL)")
+    if name.startswith("."):
+        raise RunNameError(f"run name {name!r} must not start with '.' ('..' would leave RUNS_DIR)")
+    return name
+
+
+@dataclass
+class _Tail:
+    """Parsed complete lines of one JSONL file and the byte offset read so far."""
+
+    offset: int = 0
+    records: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    lines: int = 0
+
+
+class JsonlTail:
+    """Incremental reader of a growing JSONL file.
+
+    Polls read only the bytes appended since the last read. If the file
+    shrank (a resumed run truncates metrics past its checkpoint) everything is
+    re-read and `generation` increases, so clients know to start over.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.generation = 0
+        self._tail = _Tail()
+        self._lock = threading.Lock()
+
+    def read(self) -> tuple[list[dict[str, Any]], list[str], int]:
+        """(all records so far, parse errors, generation)."""
+        with self._lock:
+            try:
+                size = self.path.stat().st_size
+            except FileNotFoundError:
+                size = 0
+            if size < self._tail.offset:
+                self._tail = _Tail()
+                self.generation += 1
+            if size > self._tail.offset:
+                self._read_more()
+            return self._tail.records, self._tail.errors, self.generation
+
+    def _read_more(self) -> None:
+        tail = self._tail
+        with open(self.path, "rb") as f:
+            f.seek(tail.offset)
+            chunk = f.read()
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            return  # no complete line yet
+        for raw in chunk[: end + 1].splitlines():
+            tail.lines += 1
+            if not raw.strip():
+                continue
+            try:
+                record = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                tail.errors.append(f"{self.path.name} line {tail.lines}: not JSON ({exc})")
+                continue
+            if isinstance(record, dict):
+                tail.records.append(record)
+            else:
+                tail.errors.append(f"{self.path.name} line {tail.lines}: not a JSON object")
+        tail.offset += end + 1
+
+
+class RunsRoot:
+    """The folder of run directories the dashboard serves (`temper dash RUNS_DIR`)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root).expanduser().resolve()
+        self._tails: dict[Path, JsonlTail] = {}
+        self._lock = threading.Lock()
+
+    def run_path(self, name: str) -> Path:
+        """The run directory for `name`; RunNameError / RunNotFoundError when there is none."""
+        # One checked component under the root: the path cannot leave RUNS_DIR (a
+        # symlinked run directory is followed: putting it there was the user's choice).
+        path = self.root / check_run_name(name)
+        if not path.is_dir() or not is_run_dir(path):
+            raise RunNotFoundError(f"no run named {name!r} in {self.root}")
+        return path
+
+    def list_runs(self) -> list[dict[str, Any]]:
+        """Summaries of every run directory directly under the root, by name."""
+        if not self.root.is_dir():
+            return []
+        runs = []
+        for path in sorted(self.root.iterdir()):
+            if path.name.startswith(".") or not path.is_dir() or not is_run_dir(path):
+                continue
+            records, _, _ = self.tail(path / "metrics.jsonl").read()
+            events, _, _ = self.tail(path / "events.jsonl").read()
+            last = records[-1] if records else {}
+            runs.append(
+                {
+                    "name": path.name,
+                    "steps": len(records),
+                    "last_step": last.get("step"),
+                    "events": len(events),
+                    "updated": _mtime(path / "metrics.jsonl"),
+                }
+            )
+        return runs
+
+    def tail(self, path: Path) -> JsonlTail:
+        """The shared incremental reader of one JSONL file (one per file, reused by all polls)."""
+        with self._lock:
+            if path not in self._tails:
+                self._tails[path] = JsonlTail(path)
+            return self._tails[path]
+
+    def records_since(self, name: str, file: str, since: int) -> dict[str, Any]:
+        """Records of `file` from index `since` on, with `next` (pass it as `since` next time).
+
+        `since` counts records, not bytes. `reset` is true when the file was
+        truncated after the client's last read: the client should drop what it
+        has and use the returned records from index 0.
+        """
+        path = self.run_path(name) / file
+        records, errors, generation = self.tail(path).read()
+        reset = since > len(records)
+        start = 0 if reset else max(since, 0)
+        return {
+            "run": name,
+            "since": start,
+            "next": len(records),
+            "reset": reset,
+            "generation": generation,
+            "records": records[start:],
+            "errors": errors,
+        }
+
+    def summary(self, name: str) -> dict[str, Any]:
+        """What a run holds: metric names, step count, trajectory steps, evals, events."""
+        path = self.run_path(name)
+        records, errors, _ = self.tail(path / "metrics.jsonl").read()
+        events, _, _ = self.tail(path / "events.jsonl").read()
+        keys = sorted(
+            {k for r in records for k, v in r.items() if _is_number(v) or v is None} - {"step"}
+        )
+        return {
+            "name": name,
+            "steps": len(records),
+            "last_step": records[-1].get("step") if records else None,
+            "metrics": keys,
+            "events": len(events),
+            "trajectory_steps": [s["step"] for s in self.steps(name)],
+            "eval_steps": [e["step"] for e in self.evals(name)],
+            "errors": errors,
+        }
+
+    def steps(self, name: str) -> list[dict[str, Any]]:
+        """Steps with saved trajectories: [{step, samples}], by step."""
+        folder = self.run_path(name) / "trajectories"
+        out = []
+        for step, path in _step_files(folder, ".jsonl"):
+            with open(path, "rb") as f:
+                samples = sum(1 for line in f if line.strip())
+            out.append({"step": step, "samples": samples})
+        return out
+
+    def trajectory_file(self, name: str, step: int) -> Path:
+        """The trajectories file of one step; RunNotFoundError when that step has none."""
+        folder = self.run_path(name) / "trajectories"
+        for s, path in _step_files(folder, ".jsonl"):
+            if s == step:
+                return path
+        raise RunNotFoundError(f"run {name!r} has no trajectories for step {step}")
+
+    def evals(self, name: str) -> list[dict[str, Any]]:
+        """The run's held-out evaluations (`eval/step_N.json`), by step."""
+        folder = self.run_path(name) / "eval"
+        out = []
+        for step, path in _step_files(folder, ".json"):
+            try:
+                result = json.loads(path.read_text())
+            except (OSError, json.JSONDecodeError):
+                continue  # being written right now; the next poll gets it
+            if isinstance(result, dict):
+                out.append({**result, "step": result.get("step", step)})
+        return out
+
+
+def is_run_dir(path: Path) -> bool:
+    return any((path / marker).is_file() for marker in RUN_MARKERS)
+
+
+def _step_files(folder: Path, suffix: str) -> list[tuple[int, Path]]:
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in folder.iterdir():
+        match = _STEP_FILE.match(path.name)
+        if match and path.suffix == suffix and path.is_file():
+            found.append((int(match.group(1)), path))
+    return sorted(found)
+
+
+def _mtime(path: Path) -> float | None:
+    try:
+        return path.stat().st_mtime
+    except FileNotFoundError:
+        return None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

@@ -1,0 +1,376 @@
+"""The dashboard page in headless Chromium, driven over the Chrome DevTools Protocol.
+
+No Playwright: Debian's `chromium` is started with `--remote-debugging-port=0`
+and driven over its websocket with the `websockets` package. Every test
+collects console errors, uncaught exceptions and failed loads and fails on
+any. Screenshots go to `$TEMPER_ARTIFACTS/screenshots/` (default
+`test-artifacts/screenshots/` in the repository; gitignored).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import json
+import math
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from temper.monitor.dashboard import DashboardServer
+from temper.monitor.sinks import JsonlSink, read_jsonl
+
+try:  # tests/monitor may or may not be a package
+    from .test_dashboard import make_runs, step_metrics
+except ImportError:
+    from test_dashboard import make_runs, step_metrics
+
+pytestmark = pytest.mark.browser
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+websockets_sync = pytest.importorskip(
+    "websockets.sync.client", reason="browser tests need the websockets package"
+)
+if CHROMIUM is None:
+    pytest.skip(
+        "headless chromium is not installed (apt-get install chromium)", allow_module_level=True
+    )
+
+ROOT = Path(__file__).resolve().parents[2]
+SHOTS = Path(os.environ.get("TEMPER_ARTIFACTS", ROOT / "test-artifacts")) / "screenshots"
+
+
+class Browser:
+    """One headless Chromium page, driven over CDP (just the few commands the tests need)."""
+
+    def __init__(self, executable: str, width: int = 1400, height: int = 1000) -> None:
+        self.profile = tempfile.mkdtemp(prefix="temper-chromium-")
+        self.log = open(Path(self.profile) / "stderr.log", "wb")  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [
+                executable,
+                "--headless=new",
+                "--no-sandbox",  # root in containers; the page is our own localhost server
+                "--disable-gpu",
+                "--disable-dev-shm-usage",
+                "--no-first-run",
+                "--disable-extensions",
+                "--remote-debugging-port=0",
+                f"--user-data-dir={self.profile}",
+                f"--window-size={width},{height}",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=self.log,
+        )
+        port = self._devtools_port()
+        pages = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list").read())
+        ws_url = next(p["webSocketDebuggerUrl"] for p in pages if p["type"] == "page")
+        self._stack = contextlib.ExitStack()
+        self.ws = self._stack.enter_context(
+            websockets_sync.connect(ws_url, max_size=None, open_timeout=20)
+        )
+        self._id = 0
+        self.errors: list[str] = []
+        for domain in ("Page", "Runtime", "Log"):
+            self.send(f"{domain}.enable")
+        self.send(
+            "Emulation.setDeviceMetricsOverride",
+            width=width,
+            height=height,
+            deviceScaleFactor=1,
+            mobile=False,
+        )
+
+    def _devtools_port(self, timeout: float = 30.0) -> int:
+        # With port 0 Chromium writes the port it chose to DevToolsActivePort.
+        marker = Path(self.profile) / "DevToolsActivePort"
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if marker.is_file() and marker.read_text().strip():
+                return int(marker.read_text().split()[0])
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        self.close()
+        raise RuntimeError(f"chromium did not start: {Path(self.profile, 'stderr.log')}")
+
+    def send(self, method: str, **params: Any) -> dict[str, Any]:
+        """Call one CDP method; events that arrive meanwhile are checked for errors."""
+        self._id += 1
+        self.ws.send(json.dumps({"id": self._id, "method": method, "params": params}))
+        while True:
+            msg = json.loads(self.ws.recv(timeout=60))
+            if msg.get("id") == self._id:
+                if "error" in msg:
+                    raise RuntimeError(f"{method}: {msg['error']}")
+                return msg.get("result", {})
+            self._event(msg)
+
+    def _event(self, msg: dict[str, Any]) -> None:
+        method, params = msg.get("method"), msg.get("params", {})
+        if method == "Runtime.exceptionThrown":
+            d = params["exceptionDetails"]
+            self.errors.append(
+                f"exception: {d.get('exception', {}).get('description') or d.get('text')}"
+            )
+        elif method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
+            args = [a.get("value", a.get("description", "")) for a in params.get("args", [])]
+            self.errors.append(f"console.{params['type']}: {' '.join(map(str, args))}")
+        elif method == "Log.entryAdded" and params["entry"].get("level") == "error":
+            entry = params["entry"]
+            self.errors.append(
+                f"log ({entry.get('source')}): {entry.get('text')} {entry.get('url', '')}"
+            )
+
+    def eval(self, expression: str) -> Any:
+        """The value of a JS expression (promises awaited)."""
+        result = self.send(
+            "Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True
+        )
+        if "exceptionDetails" in result:
+            raise RuntimeError(f"{expression!r} threw {result['exceptionDetails']}")
+        return result["result"].get("value")
+
+    def wait_for(self, expression: str, timeout: float = 20.0) -> Any:
+        deadline = time.monotonic() + timeout
+        # A DOM node would come back as {} (falsy here): count it as found.
+        probe = f"(v => v instanceof Node ? true : v)({expression})"
+        while True:
+            value = self.eval(probe)
+            if value:
+                return value
+            if time.monotonic() > deadline:
+                raise AssertionError(f"timed out waiting for {expression!r}; errors: {self.errors}")
+            time.sleep(0.1)
+
+    def goto(self, url: str) -> None:
+        # Through about:blank: a URL differing only in its #tab would not reload the
+        # page, and the old page's ready flag must not be mistaken for the new one's.
+        self.send("Page.navigate", url="about:blank")
+        self.wait_for("location.href === 'about:blank' && document.readyState === 'complete'")
+        self.send("Page.navigate", url=url)
+        self.wait_for("document.readyState === 'complete' && document.body.dataset.ready === '1'")
+
+    def screenshot(self, name: str) -> Path:
+        SHOTS.mkdir(parents=True, exist_ok=True)
+        data = self.send("Page.captureScreenshot", format="png", captureBeyondViewport=True)
+        path = SHOTS / f"{name}.png"
+        path.write_bytes(base64.b64decode(data["data"]))
+        return path
+
+    def close(self) -> None:
+        try:
+            if hasattr(self, "_stack"):
+                self._stack.close()
+        finally:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+            self.log.close()
+            shutil.rmtree(self.profile, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    return make_runs(tmp_path_factory.mktemp("browser-runs"))
+
+
+@pytest.fixture(scope="module")
+def server(runs):
+    # Fast polling so the live-update test does not wait the default 3 s.
+    with DashboardServer(runs, poll_ms=300) as srv:
+        yield srv
+
+
+@pytest.fixture(scope="module")
+def browser():
+    b = Browser(CHROMIUM)
+    yield b
+    b.close()
+
+
+@pytest.fixture
+def page(browser):
+    """The browser, with errors from earlier tests cleared and checked after this one."""
+    browser.errors.clear()
+    yield browser
+    assert browser.errors == [], browser.errors
+
+
+def _latest(b: Browser, run: str, metric: str) -> dict[str, Any] | None:
+    return b.eval(
+        f"""(() => {{ const e = document.querySelector(
+              '.latest[data-run="{run}"][data-metric="{metric}"]');
+           return e && {{text: e.textContent, value: e.dataset.value, step: e.dataset.step}}; }})()"""
+    )
+
+
+def test_metrics_page_charts_match_metrics_jsonl(page, server, runs):
+    page.goto(f"{server.url}/#metrics")
+    page.wait_for("document.querySelectorAll('.chart-card svg circle.pt').length > 0")
+    cards = page.eval("[...document.querySelectorAll('.chart-card')].map(c => c.dataset.metric)")
+    assert cards == ["reward_mean", "accuracy", "loss", "response_len_mean"]
+    # One path per run in each chart, with one point per logged step.
+    n = page.eval(
+        "[...document.querySelectorAll('.chart-card[data-metric=loss] path.line')]"
+        ".map(p => [p.dataset.run, Number(p.dataset.n)])"
+    )
+    assert n == [["demo", 4], ["tools", 3]]
+    for run in ("demo", "tools"):
+        last = read_jsonl(runs / run / "metrics.jsonl")[-1]
+        for metric in ("reward_mean", "loss"):
+            shown = _latest(page, run, metric)
+            assert float(shown["value"]) == last[metric] and int(shown["step"]) == last["step"]
+            assert math.isclose(float(shown["text"]), last[metric], rel_tol=1e-3)
+    page.screenshot("metrics")
+
+
+def test_metric_picker_adds_a_chart(page, server, runs):
+    page.goto(f"{server.url}/?runs=demo#metrics")
+    page.eval(
+        "(() => { const s = document.getElementById('metric-select'); s.value = 'time_train_s';"
+        " document.getElementById('add-chart').click(); })()"
+    )
+    page.wait_for("document.querySelector('.chart-card[data-metric=time_train_s] circle.pt')")
+    shown = _latest(page, "demo", "time_train_s")
+    assert float(shown["value"]) == read_jsonl(runs / "demo" / "metrics.jsonl")[-1]["time_train_s"]
+    assert _latest(page, "tools", "time_train_s") is None  # only the ?runs= run is drawn
+    # Eval results are metrics too: "eval:accuracy" from eval/step_N.json.
+    keys = page.eval("[...document.querySelectorAll('#metric-select option')].map(o => o.value)")
+    assert "eval:accuracy" in keys and "grad_norm" in keys
+    # A NaN logged as null is a gap in the line, not a point.
+    page.eval(
+        "(() => { document.getElementById('metric-select').value = 'grad_norm';"
+        " document.getElementById('add-chart').click(); })()"
+    )
+    page.wait_for("document.querySelector('.chart-card[data-metric=grad_norm] path.line')")
+    logged = [r["grad_norm"] for r in read_jsonl(runs / "demo" / "metrics.jsonl")]
+    drawn = page.eval("document.querySelector('.chart-card[data-metric=grad_norm] path').dataset.n")
+    assert None in logged and int(drawn) == sum(v is not None for v in logged)
+
+
+def test_run_picker_overlays_and_hides_runs(page, server):
+    page.goto(f"{server.url}/#metrics")
+    runs_in = "[...document.querySelectorAll('.chart-card[data-metric=reward_mean] path.line')].map(p => p.dataset.run).join()"
+    assert page.wait_for(f"{runs_in} === 'demo,tools' && {runs_in}")
+    page.eval("document.querySelector('.run-item[data-run=tools] input').click()")
+    page.wait_for(f"{runs_in} === 'demo'")
+
+
+def test_live_update_reaches_the_page(page, server, runs):
+    page.goto(f"{server.url}/?runs=demo#metrics")
+    sink = JsonlSink(runs / "demo" / "metrics.jsonl")
+    record = {**step_metrics(5), "reward_mean": 0.123456}
+    sink.write(record)
+    sink.close()
+    page.wait_for(
+        "(e => e && e.dataset.step === '5')(document.querySelector("
+        "'.latest[data-run=demo][data-metric=reward_mean]'))",
+        timeout=10,
+    )
+    assert float(_latest(page, "demo", "reward_mean")["value"]) == 0.123456
+
+
+def test_step_time_breakdown(page, server, runs):
+    page.goto(f"{server.url}/?runs=demo#time")
+    page.wait_for("document.querySelectorAll('#time-chart rect.bar').length > 0")
+    steps = len(read_jsonl(runs / "demo" / "metrics.jsonl"))
+    assert page.eval("document.querySelector('#time-chart svg').dataset.bars") == str(steps)
+    stages = page.eval(
+        "[...new Set([...document.querySelectorAll('#time-chart rect.bar')].map(r => r.dataset.stage))]"
+    )
+    assert {"generate", "reward", "train", "weight sync"} <= set(stages)
+    last = read_jsonl(runs / "demo" / "metrics.jsonl")[-1]
+    train = page.eval(
+        "document.querySelector('#time-table tr[data-stage=train] td:nth-child(2)').textContent"
+    )
+    assert math.isclose(float(train), last["time_train_s"], rel_tol=1e-3)
+    page.screenshot("step-time")
+
+
+def test_alerts_table(page, server, runs):
+    page.goto(f"{server.url}/#alerts")
+    page.wait_for("document.querySelectorAll('#alerts-table tr.alert').length > 0")
+    rows = page.eval(
+        "[...document.querySelectorAll('#alerts-table tr.alert')].map(r => r.textContent)"
+    )
+    assert len(rows) == 4  # two events in each run
+    assert any("entropy_collapse" in r and "entropy fell" in r for r in rows)
+    assert page.eval("document.getElementById('alert-count').textContent") == "4"
+    assert page.eval("document.querySelectorAll('#alerts-table tr.level-warning').length") == 2
+    page.screenshot("alerts")
+
+
+def test_trajectory_browser_single_turn(page, server, runs):
+    page.goto(f"{server.url}/?runs=demo#trajectories")
+    page.wait_for("document.querySelectorAll('.heatmap span.tok').length > 0")
+    last = sorted((runs / "demo" / "trajectories").glob("step_*.jsonl"))[-1]
+    rec = read_jsonl(last)[0]
+    assert page.eval("document.getElementById('traj-step').value") == str(int(last.stem[5:]))
+    assert page.eval("document.querySelectorAll('#sample-list li').length") == 4
+    assert (
+        page.eval("document.querySelector('.turn.assistant pre').textContent")
+        == rec["response_text"]
+    )
+    assert (
+        float(page.eval("document.querySelector('.sample-reward').dataset.value")) == rec["reward"]
+    )
+    tokens = page.eval(
+        "[...document.querySelectorAll('.heatmap span.tok')].map(s => s.textContent)"
+    )
+    assert len(tokens) == len(rec["response_ids"]) and "".join(tokens).startswith(
+        rec["response_text"]
+    )
+    coloured = page.eval(
+        "[...document.querySelectorAll('.heatmap span.tok')].filter(s => s.style.background).length"
+    )
+    assert coloured == len(rec["response_ids"])  # every token is a policy token here
+    page.screenshot("trajectories-demo")
+    # The mismatch map says why it is empty on a run that does not record trainer_logprobs.
+    page.eval(
+        "(s => { s.value = 'mismatch'; s.dispatchEvent(new Event('change')); })(document.getElementById('traj-field'))"
+    )
+    assert "trainer_logprobs" in page.wait_for(
+        "(document.querySelector('#sample-detail .note') || {}).textContent"
+    )
+
+
+def test_trajectory_browser_multi_turn_filters_and_mismatch(page, server, runs):
+    page.goto(f"{server.url}/?runs=tools#trajectories")
+    page.wait_for("document.querySelectorAll('.heatmap span.tok').length > 0")
+    roles = page.eval("[...document.querySelectorAll('.turn')].map(t => t.classList[1])")
+    assert roles == ["system", "user", "assistant", "tool", "assistant"]
+    assert "calculator" in page.eval("document.querySelector('.tool-call').textContent")
+    obs = page.eval("document.querySelectorAll('.heatmap span.tok.obs').length")
+    rec = read_jsonl(runs / "tools" / "trajectories" / "step_000003.jsonl")[0]
+    assert obs == rec["loss_mask"].count(0)
+    page.eval(
+        "(s => { s.value = 'mismatch'; s.dispatchEvent(new Event('change')); })(document.getElementById('traj-field'))"
+    )
+    page.wait_for("document.querySelector('.heatmap').dataset.field === 'mismatch'")
+    assert page.eval("document.querySelectorAll('#sample-detail .note').length") == 0
+    page.screenshot("trajectories-tools-mismatch")
+    # Filter: category "lookup" keeps samples 2 and 3 only.
+    page.eval(
+        "(s => { s.value = 'lookup'; s.dispatchEvent(new Event('change')); })(document.getElementById('traj-category'))"
+    )
+    page.wait_for(
+        "[...document.querySelectorAll('#sample-list li')].map(l => l.dataset.index).join() === '2,3'"
+    )
+    page.eval(
+        "(s => { s.value = '0.5'; s.dispatchEvent(new Event('change')); })(document.getElementById('traj-min'))"
+    )
+    page.wait_for(
+        "[...document.querySelectorAll('#sample-list li')].map(l => l.dataset.index).join() === '2'"
+    )
