@@ -300,6 +300,16 @@ def test_trajectory_filters(client):
     wrong = client.get(url, params={"correct": "false", "category": "calculator"}).json()
     assert [s["index"] for s in wrong["samples"]] == [1]
     assert "text" not in client.get(url, params={"decode": "false"}).json()["samples"][0]["tokens"]
+    page = client.get(url, params={"offset": 1, "limit": 2, "min_reward": 0.5}).json()
+    assert [s["index"] for s in page["samples"]] == [2]
+    assert (page["matched"], page["total"], page["offset"]) == (2, 4, 1)
+
+
+def test_other_host_names_are_refused(server):
+    """Bound to 127.0.0.1, only loopback Host headers: no reading runs via DNS rebinding."""
+    assert httpx.get(f"{server.url}/api/runs", headers={"Host": "evil.example"}).status_code == 400
+    ok = httpx.get(f"http://localhost:{server.port}/api/runs")
+    assert ok.status_code == 200
 
 
 def _raw_get(server: DashboardServer, path: str) -> tuple[int, str]:
@@ -322,15 +332,18 @@ def _raw_get(server: DashboardServer, path: str) -> tuple[int, str]:
         "/api/runs/.hidden/metrics",
         "/api/runs/../../etc/passwd",
         "/api/runs/demo%2F..%2F..%2Fetc/trajectories/1",
+        "/static/../server.py",
+        "/static/%2e%2e/server.py",
     ],
 )
 def test_path_traversal_rejected(server, path):
     status, body = _raw_get(server, path)
     assert status in (400, 404), (path, status, body)
-    assert "root:" not in body
+    assert "root:" not in body and "import " not in body  # neither /etc/passwd nor source
     detail = json.loads(body)["detail"]
     assert isinstance(detail, str) and detail
-    if "%2e%2e" in path or "%2F" in path or "%5C" in path or ".hidden" in path:
+    encoded = any(x in path for x in ("%2e%2e", "%2F", "%5C", ".hidden"))
+    if path.startswith("/api/") and encoded:
         assert status == 400 and "run name" in detail
 
 

@@ -187,7 +187,8 @@ class RunsRoot:
             "last_step": records[-1].get("step") if records else None,
             "metrics": keys,
             "events": len(events),
-            "trajectory_steps": [s["step"] for s in self.steps(name)],
+            # File names only: the page asks for this every poll, line counts are in steps().
+            "trajectory_steps": [s for s, _ in _step_files(path / "trajectories", ".jsonl")],
             "eval_steps": [e["step"] for e in self.evals(name)],
             "errors": errors,
         }

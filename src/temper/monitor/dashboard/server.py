@@ -14,7 +14,7 @@ anything else is a 400, a missing run or step a 404, both with `detail`):
     /api/runs/{name}/evals                eval/step_N.json results
     /api/runs/{name}/steps                steps with saved trajectories
     /api/runs/{name}/trajectories/{step}  sample views (turns, tool calls, tokens)
-        ?min_reward=&max_reward=&category=&correct=&decode=true
+        ?min_reward=&max_reward=&category=&correct=&decode=true&offset=0&limit=200
 """
 
 from __future__ import annotations
@@ -33,12 +33,14 @@ from fastapi import FastAPI, HTTPException, Query, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.trustedhost import TrustedHostMiddleware
 
 from temper.monitor.dashboard.runs import RunNameError, RunNotFoundError, RunsRoot
 from temper.monitor.dashboard.samples import TokenDecoder, filter_samples, load_samples
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 DEFAULT_POLL_MS = 3000
+LOOPBACK = frozenset({"127.0.0.1", "localhost"})
 
 
 def _finite(value: Any) -> Any:
@@ -59,8 +61,24 @@ class SafeJSONResponse(JSONResponse):
         return json.dumps(_finite(content), separators=(",", ":")).encode()
 
 
-def create_app(runs_dir: Path | str, poll_ms: int = DEFAULT_POLL_MS) -> FastAPI:
-    """The dashboard app serving the run directories under `runs_dir`."""
+def allowed_hosts(host: str) -> list[str]:
+    """Host headers to accept when bound to `host`.
+
+    On a loopback address only loopback names: a web page elsewhere cannot
+    then read the runs through DNS rebinding. Bound elsewhere: any name.
+    """
+    if host in LOOPBACK:
+        return sorted(LOOPBACK)
+    return ["*"]  # also for "::1": starlette's host check cannot parse "[::1]:port"
+
+
+def create_app(
+    runs_dir: Path | str, poll_ms: int = DEFAULT_POLL_MS, hosts: list[str] | None = None
+) -> FastAPI:
+    """The dashboard app serving the run directories under `runs_dir`.
+
+    `hosts`: the accepted Host headers (`allowed_hosts(bind address)`); None accepts any.
+    """
     root = RunsRoot(Path(runs_dir))
     decoder = TokenDecoder()
     app = FastAPI(
@@ -71,6 +89,8 @@ def create_app(runs_dir: Path | str, poll_ms: int = DEFAULT_POLL_MS) -> FastAPI:
         redoc_url=None,
     )
     app.state.root = root
+    if hosts is not None and hosts != ["*"]:
+        app.add_middleware(TrustedHostMiddleware, allowed_hosts=hosts)
 
     @app.exception_handler(RunNameError)
     async def _bad_name(_: Request, exc: RunNameError) -> Response:
@@ -126,10 +146,14 @@ def create_app(runs_dir: Path | str, poll_ms: int = DEFAULT_POLL_MS) -> FastAPI:
         category: str | None = None,
         correct: bool | None = None,
         decode: bool = True,
+        offset: int = Query(0, ge=0),
+        limit: int = Query(200, ge=1, le=5000),
     ) -> dict[str, Any]:
         path = root.trajectory_file(name, step)
         samples, errors = load_samples(path, step)
-        shown = filter_samples(samples, min_reward, max_reward, category, correct)
+        matched = filter_samples(samples, min_reward, max_reward, category, correct)
+        # Pages keep a large `log.trajectories_per_step` from sending megabytes at once.
+        shown = matched[offset : offset + limit]
         decode_error = None
         if decode:
             for s in shown:
@@ -142,6 +166,8 @@ def create_app(runs_dir: Path | str, poll_ms: int = DEFAULT_POLL_MS) -> FastAPI:
             "run": name,
             "step": step,
             "total": len(samples),
+            "matched": len(matched),
+            "offset": offset,
             "categories": sorted({s["category"] for s in samples}),
             "reward_range": [min(rewards), max(rewards)] if rewards else None,
             "samples": shown,
@@ -183,7 +209,7 @@ class DashboardServer:
         port: int = 0,
         poll_ms: int = DEFAULT_POLL_MS,
     ) -> None:
-        self.app = create_app(runs_dir, poll_ms=poll_ms)
+        self.app = create_app(runs_dir, poll_ms=poll_ms, hosts=allowed_hosts(host))
         self.host = host
         self.port = port
         self._server: uvicorn.Server | None = None
@@ -243,7 +269,9 @@ def serve(
     """
     sock = _bind(host, port)
     server = uvicorn.Server(
-        uvicorn.Config(create_app(runs_dir), log_level="warning", access_log=False)
+        uvicorn.Config(
+            create_app(runs_dir, hosts=allowed_hosts(host)), log_level="warning", access_log=False
+        )
     )
     if announce is not None:
         shown = f"[{host}]" if ":" in host else host

@@ -75,7 +75,9 @@ const Temper = (() => {
       const names = new Set(r.runs.map((x) => x.name));
       for (const name of [...state.selected]) if (!names.has(name)) state.selected.delete(name);
       if (!state.selected.size && !params.get("runs")) r.runs.forEach((x) => state.selected.add(x.name));
-      await Promise.all([...state.selected].map(pollRun));
+      // The step-time view may show a run that is not selected: keep it live too.
+      const shown = new Set([...state.selected, $("time-run").value].filter((n) => names.has(n)));
+      await Promise.all([...shown].map(pollRun));
       $("banner").hidden = true;
       $("status").textContent = `updated ${new Date().toLocaleTimeString()}`;
     } catch (err) {

@@ -73,7 +73,7 @@
       cat.value = r.categories.includes(chosen) ? chosen : "";
       const range = r.reward_range ? `rewards ${fmt(r.reward_range[0])} … ${fmt(r.reward_range[1])}` : "";
       $("traj-summary").textContent =
-        `step ${r.step}: ${r.samples.length} of ${r.total} samples shown  ${range}` +
+        `step ${r.step}: ${r.samples.length} shown, ${r.matched} match the filters, ${r.total} saved  ${range}` +
         (r.errors.length ? `  (${r.errors.length} unreadable lines)` : "");
       if (!tb.samples.some((s) => s.index === tb.selected)) {
         tb.selected = tb.samples.length ? tb.samples[0].index : null;
