@@ -2,23 +2,34 @@
 
 `start_server(engine, tokenizer, host, port=0)` serves from a background
 thread and returns a `ServerHandle` (`base_url`, `stop()`); `create_app`
-builds the FastAPI app; `run_server` is `temper serve`. See docs/serving.md.
+builds the FastAPI app; `run_server` is `temper serve`; `ChatClient` calls
+any OpenAI-compatible chat endpoint with retries. See docs/serving.md.
+
+Names are imported lazily, so `temper.serve.client` (used by the LLM judge)
+does not pull in FastAPI.
 """
 
-from temper.serve.openai_server import (
-    ServerHandle,
-    create_app,
-    run_server,
-    serve_app_in_thread,
-    start_server,
-)
-from temper.serve.protocol import APIError
+from __future__ import annotations
 
-__all__ = [
-    "APIError",
-    "ServerHandle",
-    "create_app",
-    "run_server",
-    "serve_app_in_thread",
-    "start_server",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "APIError": "temper.serve.protocol",
+    "ChatClient": "temper.serve.client",
+    "ChatClientError": "temper.serve.client",
+    "OpenAIServer": "temper.serve.openai_server",
+    "create_app": "temper.serve.openai_server",
+    "ServerHandle": "temper.serve.runner",
+    "run_server": "temper.serve.runner",
+    "serve_app_in_thread": "temper.serve.runner",
+    "start_server": "temper.serve.runner",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'temper.serve' has no attribute {name!r}")
