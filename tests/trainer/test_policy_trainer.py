@@ -34,12 +34,27 @@ def _trajs(n=8):
 
 def _objective(trainer, model, trajs):
     """sum_i A_i * (sum of logprobs of i's response tokens) under the current weights."""
-    lps = trainer._logprobs_no_grad(model, trajs)
-    total = 0.0
-    for i, t in enumerate(trajs):
-        p = len(t.prompt_ids)
-        total += t.advantage * float(lps[i][p - 1 : p - 1 + len(t.response_ids)].sum())
-    return total
+    lps = trainer._logprobs_no_grad(model, trajs)  # response-aligned, padded to the batch
+    return sum(
+        t.advantage * float(lps[i][: len(t.response_ids)].sum()) for i, t in enumerate(trajs)
+    )
+
+
+def test_train_step_records_the_trainers_logprobs_before_the_update():
+    model = load_model("tiny")
+    trajs = _trajs()
+    expected = []
+    with torch.no_grad():
+        for t in trajs:
+            ids = torch.tensor([t.prompt_ids + t.response_ids])
+            logits = model(input_ids=ids).logits[0, len(t.prompt_ids) - 1 : -1]
+            lp = torch.log_softmax(logits, -1).gather(1, torch.tensor([t.response_ids]).T)[:, 0]
+            expected.append(lp)
+    trainer = PolicyTrainer(model, TrainerConfig(lr=1e-2, warmup_steps=0), AlgoConfig(), 5, 0)
+    trainer.train_step(trajs)
+    for t, lp in zip(trajs, expected, strict=True):
+        assert t.trainer_logprobs is not None and len(t.trainer_logprobs) == len(t.response_ids)
+        torch.testing.assert_close(torch.tensor(t.trainer_logprobs), lp, atol=1e-5, rtol=0)
 
 
 def test_update_ascends_the_policy_gradient_objective():

@@ -50,6 +50,9 @@ class Trajectory:
     env_error: str | None = None
     episode_seed: int | None = None
     task: dict[str, Any] | None = None
+    #: The trainer's logprob of each response token on its first pass (before
+    #: any update), for the train/inference mismatch; None until trained on.
+    trainer_logprobs: list[float] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)

@@ -115,6 +115,10 @@ class PolicyTrainer:
             mb = collate(trajs, idx, self.pad_id)
             logits = self._forward_logits(self.model, mb)
             logprobs = token_logprobs(logits, mb.targets)
+            for row, i in enumerate(idx):
+                t = trajs[i]
+                if t.trainer_logprobs is None:  # first pass: same weights the engine sampled with
+                    t.trainer_logprobs = logprobs[row, : len(t.response_ids)].tolist()
             if old is not None:
                 old_lp = _stack_rows([old[global_idx[i]] for i in idx], logprobs.shape)
             else:
