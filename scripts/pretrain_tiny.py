@@ -53,7 +53,7 @@ def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", type=Path, default=TINY_DIR)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--steps", type=int, default=1000)
+    p.add_argument("--steps", type=int, default=1200)
     p.add_argument("--batch", type=int, default=12, help="packed rows per step")
     p.add_argument("--seq", type=int, default=384, help="tokens per packed row")
     p.add_argument("--lr", type=float, default=3e-3)

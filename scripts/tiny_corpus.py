@@ -164,7 +164,7 @@ def build_corpus(
     direct_rate: float,
     mistake_rate: float,
     generic_share: float = 0.03,
-    tool_share: float = 0.06,
+    tool_share: float = 0.2,
     blurt_rate: float = 0.5,
 ) -> list[Chat]:
     """n conversations: mostly arithmetic, plus generic and tool chats."""

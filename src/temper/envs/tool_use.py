@@ -4,10 +4,10 @@ Four task categories, each answerable only through its tools (the numbers are
 too big to do in the head, or hidden behind a lookup):
 
 - ``calc``: "What is 347 * 58?" with a ``calculator``.
-- ``lookup``: "What is the price of the pear?" with a ``lookup`` tool over a
+- ``lookup``: 'What is the price of "pear"?' with a ``lookup`` tool over a
   small per-task price table the model cannot see.
-- ``lookup_calc``: "How much do 7 pears cost?": ``lookup``, then ``calculator``.
-- ``python``: "What is the sum of the digits of 48213967?" with a ``python``
+- ``lookup_calc``: 'How much do 7 of "pear" cost?': ``lookup``, then ``calculator``.
+- ``python``: "What is the sum of the digits of 482139?" with a ``python``
   tool that runs code in `temper.sandbox` and returns its output.
 
 An episode: the task's question with its tools; each assistant turn with
@@ -131,15 +131,17 @@ def _question(category: str, rng: random.Random) -> tuple[str, str, dict[str, An
         value = a * b if op == "*" else a + b
         return f"What is {a} {op} {b}?", str(value), {"expression": f"{a}{op}{b}"}
     if category == "python":
-        n = rng.randint(10**7, 10**8 - 1)
+        n = rng.randint(10**5, 10**6 - 1)
         return f"What is the sum of the digits of {n}?", str(sum(map(int, str(n)))), {"n": n}
     items = rng.sample(ITEMS, 4)
     table = {item: rng.randint(2, 99) for item in items}
     item = rng.choice(items)
+    # The item is quoted so it is the same token(s) in the question and in the
+    # tool call's JSON: a small model copies it far more reliably.
     if category == "lookup":
-        return f"What is the price of the {item}?", str(table[item]), {"table": table, "item": item}
+        return f'What is the price of "{item}"?', str(table[item]), {"table": table, "item": item}
     count = rng.randint(3, 19)
-    question = f"How much do {count} {item}s cost?"
+    question = f'How much do {count} of "{item}" cost?'
     answer = str(count * table[item])
     return question, answer, {"table": table, "item": item, "count": count}
 
@@ -234,11 +236,11 @@ def transcript(task: Task) -> list[Message]:
     else:
         item, price = cols["item"], cols["table"][cols["item"]]
         call("lookup", {"key": item}, {"value": price})
-        final = f"The {item} costs {price}."
+        final = f'"{item}" costs {price}.'
         if task.category == "lookup_calc":
             expression = f"{cols['count']}*{price}"
             call("calculator", {"expression": expression}, calculator(expression))
-            final = f"{cols['count']} {item}s cost {task.answer}."
+            final = f'{cols["count"]} of "{item}" cost {task.answer}.'
     msgs.append({"role": "assistant", "content": f"{final} \\boxed{{{task.answer}}}"})
     return msgs
 
