@@ -156,4 +156,9 @@ def run_server(
     bound = sock.getsockname()[1]
     print(f"temper serve: {name} ({engine_type} engine) at http://{host}:{bound}/v1", flush=True)
     config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=5)
-    uvicorn.Server(config).run(sockets=[sock])
+    server = uvicorn.Server(config)
+    server.run(sockets=[sock])
+    if server.should_exit:
+        # A shutdown signal (Ctrl-C, SIGTERM) stopped it. uvicorn re-raises the
+        # signal only when its handler saw it; report an interrupt either way.
+        raise KeyboardInterrupt
