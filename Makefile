@@ -33,6 +33,7 @@ bench: setup
 	$(PY) -m pip install -q -c constraints.txt -e ".[bench]"
 	$(PY) benchmarks/engine_vs_hf.py
 	$(PY) benchmarks/grpo_vs_trl.py
+	$(PY) benchmarks/sandbox.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache
