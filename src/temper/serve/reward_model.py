@@ -1,0 +1,377 @@
+"""A reward-model server: a dynamic batcher in front of a sequence-classification model.
+
+`RewardModelBatcher` queues (prompt, response) pairs; a worker task collects
+up to ``max_batch_size`` of them, or waits at most ``max_wait_ms`` after the
+oldest one arrived, sorts the batch by length, tokenizes it with padding and
+runs one forward of an `AutoModelForSequenceClassification` (with one label)
+on the compute thread (`temper.compute.arun`). Each pair's future gets its
+scalar score. The queue is bounded (``max_queue`` pairs): when full, new
+requests fail at once with `Overloaded`. `close()` fails every pending pair
+with `BatcherClosed` instead of leaving it hanging.
+
+`create_app(batcher)` serves it: ``POST /score`` with
+``{"pairs": [{"prompt": ..., "response": ...}, ...]}`` answers
+``{"scores": [...]}``; ``GET /health``. Errors are JSON
+``{"error": {"message": ..., "type": ...}}``: 400 for a bad request, 503 when
+overloaded or shutting down. `start_rm_server(...)` runs it in a background
+thread (tests, benchmarks); `run_rm_server(...)` is ``temper serve-rm``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from temper import compute
+from temper.errors import ModelLoadError, TemperError
+
+
+class Overloaded(Exception):
+    """The batcher's queue is full; the request was not queued."""
+
+
+class BatcherClosed(Exception):
+    """The batcher shut down before (or while) scoring the pair."""
+
+
+class Pair(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    prompt: str
+    response: str
+
+
+class ScoreRequest(BaseModel):
+    """The body of ``POST /score``."""
+
+    model_config = ConfigDict(extra="forbid")
+    pairs: list[Pair]
+
+
+def load_reward_model(path: str | Path) -> tuple[Any, Any]:
+    """(model, tokenizer) of a one-label sequence-classification model at ``path``.
+
+    The model is loaded on the compute thread, in eval mode; a missing pad token
+    falls back to EOS so batches can be padded.
+    """
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    directory = Path(path).expanduser()
+    if not directory.is_dir():
+        raise ModelLoadError(
+            f"reward model path {str(path)!r} does not exist or is not a directory"
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+        model = compute.run(AutoModelForSequenceClassification.from_pretrained, directory)
+    except (OSError, ValueError) as exc:
+        first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), repr(exc))
+        raise ModelLoadError(f"cannot load a reward model from {str(path)!r}: {first}") from exc
+    if model.config.num_labels != 1:
+        raise ModelLoadError(
+            f"reward model {str(path)!r} has num_labels={model.config.num_labels}; need 1"
+        )
+    if tokenizer.pad_token_id is None:
+        if tokenizer.eos_token is None:
+            raise ModelLoadError(f"tokenizer of {str(path)!r} has neither a pad nor an EOS token")
+        tokenizer.pad_token = tokenizer.eos_token
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    return model.eval(), tokenizer
+
+
+def score_pairs(
+    model: Any, tokenizer: Any, pairs: list[tuple[str, str]], max_length: int | None = None
+) -> list[float]:
+    """One padded forward over ``pairs``; the first logit of each row (call on the compute thread)."""
+    prompts = [p for p, _ in pairs]
+    responses = [r for _, r in pairs]
+    kwargs: dict[str, Any] = {"padding": True, "return_tensors": "pt"}
+    if max_length is not None:
+        kwargs.update(truncation=True, max_length=max_length)
+    enc = tokenizer(prompts, responses, **kwargs)
+    device = next(model.parameters()).device
+    with torch.inference_mode():
+        logits = model(
+            input_ids=enc["input_ids"].to(device), attention_mask=enc["attention_mask"].to(device)
+        ).logits
+    return logits[:, 0].float().cpu().tolist()
+
+
+@dataclass
+class _Item:
+    prompt: str
+    response: str
+    future: asyncio.Future
+    arrived: float
+
+
+class RewardModelBatcher:
+    """Dynamic batching of reward-model forwards on one event loop.
+
+    Use from a single event loop: `start()` there (or let the first `score`
+    start it), `close()` there. ``forwards`` counts model forwards and
+    ``scored`` counts pairs scored.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_batch_size: int = 32,
+        max_wait_ms: float = 5.0,
+        max_queue: int = 1024,
+        max_length: int | None = None,
+    ) -> None:
+        if max_batch_size < 1 or max_queue < 1 or max_wait_ms < 0:
+            raise ValueError("need max_batch_size >= 1, max_queue >= 1 and max_wait_ms >= 0")
+        self.model, self.tokenizer = model, tokenizer
+        self.max_batch_size, self.max_wait_ms, self.max_queue = (
+            max_batch_size,
+            max_wait_ms,
+            max_queue,
+        )
+        if max_length is None:
+            max_length = getattr(model.config, "max_position_embeddings", None)
+        self.max_length = max_length
+        self.forwards = 0
+        self.scored = 0
+        self._items: deque[_Item] = deque()
+        self._wake: asyncio.Event | None = None
+        self._worker: asyncio.Task | None = None
+        self._closed = False
+
+    @property
+    def pending(self) -> int:
+        """Pairs queued and not yet taken into a batch."""
+        return len(self._items)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def start(self) -> None:
+        """Start the worker task on the running loop (idempotent)."""
+        if self._closed:
+            raise BatcherClosed("reward-model batcher is closed")
+        if self._worker is None:
+            self._wake = asyncio.Event()
+            self._worker = asyncio.get_running_loop().create_task(self._run())
+
+    async def score(self, pairs: list[tuple[str, str]]) -> list[float]:
+        """Scores of ``pairs`` (all queued together, or none: `Overloaded` when full)."""
+        if not pairs:
+            return []
+        self.start()
+        if len(pairs) > self.max_queue:
+            raise Overloaded(
+                f"request has {len(pairs)} pairs, more than the queue limit max_queue="
+                f"{self.max_queue}"
+            )
+        if len(self._items) + len(pairs) > self.max_queue:
+            raise Overloaded(
+                f"reward-model queue is full ({len(self._items)} pairs queued, "
+                f"max_queue={self.max_queue}); retry later"
+            )
+        loop = asyncio.get_running_loop()
+        now = time.monotonic()
+        items = [_Item(p, r, loop.create_future(), now) for p, r in pairs]
+        self._items.extend(items)
+        assert self._wake is not None
+        self._wake.set()
+        try:
+            return list(await asyncio.gather(*(it.future for it in items)))
+        except BaseException:
+            for it in items:  # a cancelled or failed request: drop its other pairs too
+                if not it.future.done():
+                    it.future.cancel()
+            raise
+
+    async def close(self) -> None:
+        """Stop the worker; pending pairs fail with `BatcherClosed`."""
+        self._closed = True
+        if self._worker is not None:
+            self._worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._worker
+        self._fail(list(self._items), "reward-model server is shutting down")
+        self._items.clear()
+
+    @staticmethod
+    def _fail(items: list[_Item], message: str) -> None:
+        for it in items:
+            if not it.future.done():
+                it.future.set_exception(BatcherClosed(message))
+
+    async def _collect(self) -> list[_Item]:
+        assert self._wake is not None
+        while not self._items:
+            self._wake.clear()
+            await self._wake.wait()
+        deadline = self._items[0].arrived + self.max_wait_ms / 1000
+        while len(self._items) < self.max_batch_size:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), remaining)
+        batch: list[_Item] = []
+        while self._items and len(batch) < self.max_batch_size:
+            it = self._items.popleft()
+            if not it.future.done():  # skip pairs of cancelled requests
+                batch.append(it)
+        return batch
+
+    async def _run(self) -> None:
+        while True:
+            batch = await self._collect()
+            if not batch:
+                continue
+            batch.sort(key=lambda it: len(it.prompt) + len(it.response))
+            pairs = [(it.prompt, it.response) for it in batch]
+            try:
+                scores = await compute.arun(
+                    score_pairs, self.model, self.tokenizer, pairs, self.max_length
+                )
+            except asyncio.CancelledError:
+                self._fail(batch, "reward-model server is shutting down")
+                raise
+            except Exception as exc:
+                for it in batch:
+                    if not it.future.done():
+                        it.future.set_exception(
+                            RuntimeError(f"reward-model forward failed: {exc!r}")
+                        )
+                continue
+            self.forwards += 1
+            self.scored += len(batch)
+            for it, value in zip(batch, scores, strict=True):
+                if not it.future.done():
+                    it.future.set_result(float(value))
+
+
+def create_app(batcher: RewardModelBatcher, model_name: str = "reward-model") -> Any:
+    """The FastAPI app serving ``batcher`` (closed when the app shuts down)."""
+    from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
+    from fastapi.responses import JSONResponse
+    from starlette.exceptions import HTTPException
+
+    def error(status: int, message: str, kind: str) -> JSONResponse:
+        return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Any) -> AsyncIterator[None]:
+        batcher.start()
+        try:
+            yield
+        finally:
+            await batcher.close()
+
+    app = FastAPI(title="temper reward model", lifespan=lifespan)
+
+    @app.exception_handler(RequestValidationError)
+    async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
+        msg = first.get("msg", "invalid request")
+        return error(400, f"bad request: {where}: {msg}", "invalid_request")
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        message = f"{request.method} {request.url.path}: {exc.detail}"
+        return error(exc.status_code, message, "invalid_request")
+
+    @app.get("/health")
+    async def health() -> dict[str, Any]:
+        return {
+            "status": "ok" if not batcher.closed else "closing",
+            "model": model_name,
+            "pending": batcher.pending,
+            "forwards": batcher.forwards,
+            "scored": batcher.scored,
+        }
+
+    @app.post("/score", response_model=None)
+    async def score(body: ScoreRequest) -> dict[str, Any] | JSONResponse:
+        try:
+            scores = await batcher.score([(p.prompt, p.response) for p in body.pairs])
+        except Overloaded as exc:
+            return error(503, str(exc), "overloaded")
+        except BatcherClosed as exc:
+            return error(503, str(exc), "shutting_down")
+        except RuntimeError as exc:
+            return error(500, str(exc), "server_error")
+        return {"scores": scores}
+
+    return app
+
+
+def start_rm_server(
+    model: str | Path | tuple[Any, Any],
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    max_batch_size: int = 32,
+    max_wait_ms: float = 5.0,
+    max_queue: int = 1024,
+) -> tuple[Any, RewardModelBatcher]:
+    """Serve a reward model (a path, or a loaded ``(model, tokenizer)``) from a thread.
+
+    Returns ``(handle, batcher)``; ``handle.url`` is the root URL and
+    ``handle.stop()`` shuts it down (pending requests fail with 503).
+    """
+    from temper.serve.runner import serve_app_in_thread
+
+    loaded = model if isinstance(model, tuple) else load_reward_model(model)
+    batcher = RewardModelBatcher(
+        *loaded, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, max_queue=max_queue
+    )
+    name = "reward-model" if isinstance(model, tuple) else str(model)
+    return serve_app_in_thread(create_app(batcher, name), host, port), batcher
+
+
+def run_rm_server(
+    model: str,
+    host: str = "127.0.0.1",
+    port: int = 8001,
+    *,
+    max_batch_size: int = 32,
+    max_wait_ms: float = 5.0,
+    max_queue: int = 1024,
+) -> None:
+    """``temper serve-rm``: load ``model`` and serve it until Ctrl-C."""
+    import uvicorn
+
+    from temper.serve.runner import _bind
+
+    if max_batch_size < 1 or max_queue < 1 or max_wait_ms < 0:
+        raise TemperError("need --max-batch-size >= 1, --max-queue >= 1 and --max-wait-ms >= 0")
+    sock = _bind(host, port)
+    try:
+        loaded = load_reward_model(model)
+    except BaseException:
+        sock.close()
+        raise
+    batcher = RewardModelBatcher(
+        *loaded, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, max_queue=max_queue
+    )
+    bound = sock.getsockname()[1]
+    print(f"temper serve-rm: {model} at http://{host}:{bound}/score", flush=True)
+    config = uvicorn.Config(
+        create_app(batcher, model), log_level="info", timeout_graceful_shutdown=5
+    )
+    server = uvicorn.Server(config)
+    server.run(sockets=[sock])
+    if server.should_exit:
+        raise KeyboardInterrupt

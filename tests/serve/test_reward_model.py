@@ -1,0 +1,195 @@
+"""The reward-model server: dynamic batching of a real tiny sequence-classification model,
+over HTTP and in process, with overload, shutdown and client-retry behaviour."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+import httpx
+import pytest
+import torch
+
+from temper import compute
+from temper.data.base import Task
+from temper.rewards.base import Reward, RewardInput
+from temper.rewards.reward_model import RewardModelReward
+from temper.serve.reward_model import (
+    BatcherClosed,
+    Overloaded,
+    RewardModelBatcher,
+    load_reward_model,
+    score_pairs,
+    start_rm_server,
+)
+
+PAIRS = [
+    ("What is 2+3?", "5"),
+    ("Name a colour.", "Blue is a colour that many people like a lot."),
+    ("Say hi", "hi"),
+    ("Write a long answer please, with several words in it.", "Sure: one two three four five."),
+    ("", "empty prompt"),
+    ("x", ""),
+]
+
+
+@pytest.fixture(scope="module")
+def rm_dir(tmp_path_factory):
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    from temper.models import load_tokenizer
+
+    tok = load_tokenizer("tiny")
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        num_labels=1,
+        pad_token_id=tok.pad_token_id,
+    )
+    torch.manual_seed(0)
+    model = LlamaForSequenceClassification(cfg)
+    path = tmp_path_factory.mktemp("rm")
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def loaded(rm_dir):
+    return load_reward_model(rm_dir)
+
+
+@pytest.fixture(scope="module")
+def expected(loaded):
+    model, tok = loaded
+    return {p: compute.run(score_pairs, model, tok, [p])[0] for p in PAIRS}
+
+
+def _task() -> Task:
+    return Task(id="t", prompt=[{"role": "user", "content": "q"}])
+
+
+def test_batched_scores_equal_unbatched_in_any_order(loaded, expected):
+    model, tok = loaded
+
+    async def go(order):
+        batcher = RewardModelBatcher(model, tok, max_batch_size=4, max_wait_ms=20)
+        try:
+            scores = await batcher.score(order)
+        finally:
+            await batcher.close()
+        return scores, batcher.forwards
+
+    for order in (PAIRS, PAIRS[::-1], PAIRS[2:] + PAIRS[:2]):
+        scores, forwards = asyncio.run(go(order))
+        assert forwards == 2  # 6 pairs, batches of 4
+        for pair, got in zip(order, scores, strict=True):
+            assert got == pytest.approx(expected[pair], abs=1e-5)
+
+
+def test_overload_and_close_fail_fast(loaded):
+    model, tok = loaded
+
+    async def go():
+        batcher = RewardModelBatcher(model, tok, max_batch_size=2, max_wait_ms=10_000, max_queue=3)
+        first = asyncio.ensure_future(batcher.score(PAIRS[:1]))
+        await asyncio.sleep(0.01)
+        with pytest.raises(Overloaded, match="max_queue=3"):
+            await batcher.score(PAIRS[:3])
+        await batcher.close()
+        with pytest.raises(BatcherClosed, match="shutting down"):
+            await asyncio.wait_for(first, 5)
+
+    asyncio.run(go())
+
+
+def test_http_concurrent_clients_batching_health(rm_dir, expected):
+    handle, batcher = start_rm_server(rm_dir, max_batch_size=16, max_wait_ms=20)
+    try:
+        health = httpx.get(f"{handle.url}/health").json()
+        assert health["status"] == "ok"
+
+        async def client(i, http):
+            pair = PAIRS[i % len(PAIRS)]
+            body = {"pairs": [{"prompt": pair[0], "response": pair[1]}]}
+            reply = await http.post(f"{handle.url}/score", json=body)
+            reply.raise_for_status()
+            return pair, reply.json()["scores"][0]
+
+        async def go():
+            async with httpx.AsyncClient(timeout=30) as http:
+                return await asyncio.gather(*(client(i, http) for i in range(24)))
+
+        for pair, got in asyncio.run(go()):
+            assert got == pytest.approx(expected[pair], abs=1e-5)
+        assert batcher.scored == 24
+        assert batcher.forwards < 24
+
+        bad = httpx.post(f"{handle.url}/score", json={"pairs": [{"prompt": "x"}]})
+        assert bad.status_code == 400
+        assert "pairs.0.response" in bad.json()["error"]["message"]
+        assert "\n" not in bad.json()["error"]["message"]
+        assert httpx.post(f"{handle.url}/score", json={"pairs": []}).json() == {"scores": []}
+    finally:
+        handle.stop()
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{handle.url}/health", timeout=2)
+
+
+def test_http_overload_is_503(loaded):
+    handle, batcher = start_rm_server(loaded, max_batch_size=1, max_wait_ms=0, max_queue=2)
+    try:
+        body = {"pairs": [{"prompt": p, "response": r} for p, r in PAIRS[:3]]}
+        reply = httpx.post(f"{handle.url}/score", json=body)
+        assert reply.status_code == 503
+        assert "max_queue=2" in reply.json()["error"]["message"]
+        assert reply.json()["error"]["type"] == "overloaded"
+    finally:
+        handle.stop()
+
+
+def test_reward_http_and_in_process(rm_dir, expected):
+    inputs = [RewardInput(_task(), p, r) for p, r in PAIRS]
+    handle, _ = start_rm_server(rm_dir, max_batch_size=8, max_wait_ms=5)
+    try:
+        http_reward = RewardModelReward(base_url=handle.url, request_size=4)
+        assert isinstance(http_reward, Reward)
+        results = asyncio.run(http_reward.score(inputs))
+    finally:
+        handle.stop()
+    local = RewardModelReward(model=str(rm_dir))
+    local_results = asyncio.run(local.score(inputs))
+    local_again = asyncio.run(local.score(inputs[:2]))  # a new event loop works too
+    for pair, a, b in zip(PAIRS, results, local_results, strict=True):
+        assert a.error is None and b.error is None
+        assert a.score == pytest.approx(expected[pair], abs=1e-5)
+        assert b.score == pytest.approx(expected[pair], abs=1e-5)
+        assert a.components == {"reward_model": a.score}
+    assert [r.score for r in local_again] == pytest.approx(
+        [r.score for r in local_results[:2]], abs=1e-5
+    )
+
+
+def test_reward_retries_then_records_error():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    reward = RewardModelReward(
+        base_url=f"http://127.0.0.1:{port}", max_retries=2, backoff_s=0.01, failure_score=-1.0
+    )
+    results = asyncio.run(reward.score([RewardInput(_task(), "p", "r")]))
+    assert reward.client.attempts == 3
+    assert results[0].score == -1.0
+    assert "cannot reach" in results[0].error and "3 attempt(s)" in results[0].error
+
+
+def test_reward_needs_exactly_one_source(rm_dir):
+    with pytest.raises(ValueError, match="exactly one"):
+        RewardModelReward()
+    with pytest.raises(ValueError, match="exactly one"):
+        RewardModelReward(base_url="http://x", model=str(rm_dir))
