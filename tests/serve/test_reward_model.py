@@ -142,7 +142,7 @@ def test_http_concurrent_clients_batching_health(rm_dir, expected):
 
 
 def test_http_overload_is_503(loaded):
-    handle, batcher = start_rm_server(loaded, max_batch_size=1, max_wait_ms=0, max_queue=2)
+    handle, _ = start_rm_server(loaded, max_batch_size=1, max_wait_ms=0, max_queue=2)
     try:
         body = {"pairs": [{"prompt": p, "response": r} for p, r in PAIRS[:3]]}
         reply = httpx.post(f"{handle.url}/score", json=body)
@@ -193,3 +193,37 @@ def test_reward_needs_exactly_one_source(rm_dir):
         RewardModelReward()
     with pytest.raises(ValueError, match="exactly one"):
         RewardModelReward(base_url="http://x", model=str(rm_dir))
+
+
+def test_cli_serve_rm(rm_dir, tmp_path, capsys):
+    import subprocess
+    import sys
+    import time
+
+    from temper.cli.main import main as cli_main
+
+    assert cli_main(["serve-rm", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "temper.cli.main", "serve-rm", str(rm_dir), "--port", str(port)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                reply = httpx.post(
+                    f"http://127.0.0.1:{port}/score",
+                    json={"pairs": [{"prompt": "a", "response": "b"}]},
+                    timeout=5,
+                )
+                break
+            except httpx.TransportError:
+                assert proc.poll() is None and time.monotonic() < deadline
+                time.sleep(0.2)
+        assert reply.status_code == 200 and len(reply.json()["scores"]) == 1
+    finally:
+        proc.terminate()
+        proc.wait(20)

@@ -67,6 +67,13 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--served-model-name", default=None, help="model id clients send")
+    rm = sub.add_parser("serve-rm", help="serve a reward model (POST /score) with dynamic batching")
+    rm.add_argument("model", help="directory of a one-label sequence-classification model")
+    rm.add_argument("--host", default="127.0.0.1")
+    rm.add_argument("--port", type=int, default=8001)
+    rm.add_argument("--max-batch-size", type=int, default=32)
+    rm.add_argument("--max-wait-ms", type=float, default=5.0)
+    rm.add_argument("--max-queue", type=int, default=1024, help="queued pairs before HTTP 503")
     d = sub.add_parser("dash", help="live web dashboard over the run directories in RUNS_DIR")
     d.add_argument("runs_dir", nargs="?", default="runs", help="folder of runs (default: runs)")
     d.add_argument("--host", default="127.0.0.1")
@@ -181,6 +188,22 @@ def cmd_serve(args: argparse.Namespace, overrides: list[str]) -> int:
     return 0
 
 
+def cmd_serve_rm(args: argparse.Namespace, overrides: list[str]) -> int:
+    from temper.serve.reward_model import run_rm_server
+
+    if overrides:
+        raise ConfigError(f"serve-rm takes no config overrides, got {overrides[0]!r}")
+    run_rm_server(
+        args.model,
+        args.host,
+        args.port,
+        max_batch_size=args.max_batch_size,
+        max_wait_ms=args.max_wait_ms,
+        max_queue=args.max_queue,
+    )
+    return 0
+
+
 def cmd_dash(args: argparse.Namespace, overrides: list[str]) -> int:
     from temper.monitor.dashboard import serve
 
@@ -228,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_replay(args)
         if args.command == "serve":
             return cmd_serve(args, overrides)
+        if args.command == "serve-rm":
+            return cmd_serve_rm(args, overrides)
         if args.command == "dash":
             return cmd_dash(args, overrides)
         return cmd_report(args)
