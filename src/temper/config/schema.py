@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from temper.envs.base import EpisodeLimits
+from temper.monitor.health import HealthConfig
 
 
 class _Section(BaseModel):
@@ -222,4 +223,5 @@ class Config(_Section):
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     log: LogConfig = Field(default_factory=LogConfig)
+    health: HealthConfig = Field(default_factory=HealthConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)

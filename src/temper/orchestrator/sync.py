@@ -23,6 +23,7 @@ from temper.data.base import Task
 from temper.engine.base import SamplingParams
 from temper.eval.harness import evaluate
 from temper.models import load_model, load_tokenizer, resolve_model_path
+from temper.monitor.health import Alert, HealthMonitor
 from temper.monitor.progress import RunProgress
 from temper.monitor.report import write_report
 from temper.monitor.sinks import JsonlSink, truncate_jsonl_after_step
@@ -127,6 +128,8 @@ class SyncOrchestrator:
             compute.run(self._restore, ckpts[-1])
         self.metrics = JsonlSink(self.run_dir.metrics)
         self.events = JsonlSink(self.run_dir.events)
+        self.health = HealthMonitor(cfg.health)
+        self._checkpointed = -1
 
     def _check_prompts_fit(self) -> None:
         """Fail before any work if a dataset prompt cannot fit in the context.
@@ -222,6 +225,9 @@ class SyncOrchestrator:
         return m
 
     def checkpoint(self, step: int) -> None:
+        if self._checkpointed == step:
+            return
+        self._checkpointed = step
         compute.run(
             save_checkpoint,
             self.run_dir.checkpoints,
@@ -243,14 +249,19 @@ class SyncOrchestrator:
             if cfg.eval.at_start and self.start_step == 0:
                 last_eval = await self.evaluate(0)
                 progress.log(_eval_line(0, last_eval))
+                self.health.observe_eval(0, last_eval.get("accuracy", 0.0))
             step = self.start_step
             for step in range(self.start_step + 1, steps + 1):
                 m = await self.train_step(step)
                 self.metrics.write(m)
                 progress.update(step, m)
+                alerts = self.health.check(step, m)
                 if cfg.eval.every and step % cfg.eval.every == 0 and step != steps:
                     last_eval = await self.evaluate(step)
                     progress.log(_eval_line(step, last_eval))
+                    alerts += self.health.observe_eval(step, last_eval.get("accuracy", 0.0))
+                if self._raise_alerts(alerts, step, progress):
+                    break
                 if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
                     self.checkpoint(step)
                 budget = cfg.orchestrator.max_seconds
@@ -265,6 +276,18 @@ class SyncOrchestrator:
                 self.checkpoint(step)
         write_report(self.run_dir.path)
         return last_eval
+
+    def _raise_alerts(self, alerts: list[Alert], step: int, progress: RunProgress) -> bool:
+        """Log ``alerts``; on a ``stop`` action checkpoint and return True (stop the run)."""
+        for alert in alerts:
+            self.events.write(alert.to_json())
+            progress.log(f"[health] step {step}: {alert.kind}: {alert.message} ({alert.action})")
+        if not any(a.action == "stop" for a in alerts):
+            return False
+        self.checkpoint(step)
+        self.events.write({"step": step, "kind": "stopped_by_health_check"})
+        progress.log(f"stopped at step {step} by a health check; checkpoint written")
+        return True
 
     async def close(self) -> None:
         self.metrics.close()

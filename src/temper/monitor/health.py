@@ -1,0 +1,162 @@
+"""Health guardrails: per-step checks on a run's metrics, each with an action.
+
+`HealthMonitor.check(step, metrics)` looks at one step's metrics (the dict the
+orchestrator writes to ``metrics.jsonl``) and returns the alerts that fired.
+Each check has a threshold and an action from its `HealthCheck` config:
+
+- ``warn``: log the alert (``events.jsonl`` and the progress display);
+- ``stop``: also checkpoint and stop the run after this step;
+
+Checks (a missing metric skips its check):
+
+- ``nan``: loss or grad norm is NaN/Inf. The trainer never applies a
+  non-finite update, so the weights are still sound when this fires.
+- ``entropy_collapse``: mean token entropy below ``threshold``.
+- ``kl_blowup``: KL to the reference above ``threshold``.
+- ``length_explosion``: mean response length above ``threshold`` times its
+  mean over the first ``warmup`` steps.
+- ``mismatch``: mean |trainer logprob - engine logprob| on sampled tokens above
+  ``threshold`` (train/inference mismatch).
+- ``throughput``: generation tokens/s below ``threshold`` times its moving
+  average over the last ``window`` steps.
+- ``reward_hacking``: `observe_eval` is fed held-out accuracy; fires when the
+  train reward rose by more than ``threshold`` since the previous eval while
+  held-out accuracy stayed flat or fell.
+
+It does not change the update itself; the orchestrator carries out actions.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Action = Literal["warn", "stop"]
+
+
+class HealthCheck(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    enabled: bool = Field(True, description="Run this check.")
+    threshold: float = Field(description="The check's limit (see temper.monitor.health).")
+    action: Action = Field("warn", description="warn: log it; stop: checkpoint and stop.")
+
+
+def _check(threshold: float, action: Action = "warn") -> Any:
+    return Field(default_factory=lambda: HealthCheck(threshold=threshold, action=action))
+
+
+class HealthConfig(BaseModel):
+    """Thresholds and actions of the health guardrails."""
+
+    model_config = ConfigDict(extra="forbid")
+    nan: HealthCheck = _check(0.0, "stop")
+    entropy_collapse: HealthCheck = _check(0.01)
+    kl_blowup: HealthCheck = _check(1.0)
+    length_explosion: HealthCheck = _check(3.0)
+    mismatch: HealthCheck = _check(0.05)
+    throughput: HealthCheck = _check(0.3)
+    reward_hacking: HealthCheck = _check(0.1)
+    warmup: int = Field(5, ge=1, description="Steps that set the response-length baseline.")
+    window: int = Field(10, ge=1, description="Steps in the throughput moving average.")
+
+
+@dataclass
+class Alert:
+    step: int
+    kind: str
+    message: str
+    action: Action
+    value: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "kind": "alert", "check": self.kind, "message": self.message,
+                "action": self.action, "value": self.value}  # fmt: skip
+
+
+class HealthMonitor:
+    """Runs the checks of `HealthConfig` step by step (keeps the baselines it needs)."""
+
+    def __init__(self, cfg: HealthConfig) -> None:
+        self.cfg = cfg
+        self._lengths: list[float] = []
+        self._throughput: deque[float] = deque(maxlen=cfg.window)
+        self._reward_at_eval: float | None = None
+        self._accuracy_at_eval: float | None = None
+        self._last_reward: float | None = None
+
+    def _fire(self, out: list[Alert], step: int, kind: str, value: float, message: str) -> None:
+        check: HealthCheck = getattr(self.cfg, kind)
+        if check.enabled:
+            out.append(Alert(step, kind, message, check.action, value))
+
+    def check(self, step: int, m: dict[str, Any]) -> list[Alert]:
+        """The alerts that fire on step ``step``'s metrics ``m``."""
+        out: list[Alert] = []
+        c = self.cfg
+        for key in ("loss", "grad_norm"):
+            if key in m and not math.isfinite(float(m[key])):
+                self._fire(out, step, "nan", float(m[key]), f"{key} is {m[key]}")
+                break
+        if "entropy" in m and m["entropy"] < c.entropy_collapse.threshold:
+            self._fire(out, step, "entropy_collapse", m["entropy"],
+                       f"entropy {m['entropy']:.4g} < {c.entropy_collapse.threshold:g}")  # fmt: skip
+        if "kl" in m and m["kl"] > c.kl_blowup.threshold:
+            self._fire(
+                out, step, "kl_blowup", m["kl"], f"KL {m['kl']:.4g} > {c.kl_blowup.threshold:g}"
+            )
+        mismatch = m.get("train_infer_logprob_diff")
+        if mismatch is not None and mismatch > c.mismatch.threshold:
+            self._fire(out, step, "mismatch", mismatch,
+                       f"train/inference logprob diff {mismatch:.3g} > {c.mismatch.threshold:g}")  # fmt: skip
+        self._check_length(out, step, m)
+        self._check_throughput(out, step, m)
+        if "reward_mean" in m:
+            self._last_reward = float(m["reward_mean"])
+            if self._reward_at_eval is None and self._accuracy_at_eval is not None:
+                self._reward_at_eval = self._last_reward  # the eval ran before any training
+        return out
+
+    def _check_length(self, out: list[Alert], step: int, m: dict[str, Any]) -> None:
+        length = m.get("response_len_mean")
+        if length is None:
+            return
+        if len(self._lengths) < self.cfg.warmup:
+            self._lengths.append(float(length))
+            return
+        base = sum(self._lengths) / len(self._lengths)
+        limit = self.cfg.length_explosion.threshold * base
+        if base > 0 and length > limit:
+            self._fire(out, step, "length_explosion", length,
+                       f"mean response length {length:.1f} > {limit:.1f} ({self.cfg.length_explosion.threshold:g}x the first steps)")  # fmt: skip
+
+    def _check_throughput(self, out: list[Alert], step: int, m: dict[str, Any]) -> None:
+        rate = m.get("gen_tokens_per_s")
+        if rate is None:
+            return
+        if len(self._throughput) == self._throughput.maxlen:
+            avg = sum(self._throughput) / len(self._throughput)
+            if rate < self.cfg.throughput.threshold * avg:
+                self._fire(out, step, "throughput", rate,
+                           f"generation {rate:.0f} tok/s < {self.cfg.throughput.threshold:g}x the moving average {avg:.0f}")  # fmt: skip
+        self._throughput.append(float(rate))
+
+    def observe_eval(self, step: int, accuracy: float) -> list[Alert]:
+        """Feed a held-out accuracy; may fire ``reward_hacking``."""
+        out: list[Alert] = []
+        reward = self._last_reward
+        if (
+            reward is not None
+            and self._reward_at_eval is not None
+            and self._accuracy_at_eval is not None
+            and reward - self._reward_at_eval > self.cfg.reward_hacking.threshold
+            and accuracy <= self._accuracy_at_eval
+        ):
+            self._fire(out, step, "reward_hacking", reward - self._reward_at_eval,
+                       f"train reward rose {reward - self._reward_at_eval:+.3f} since the last eval "
+                       f"while held-out accuracy went {self._accuracy_at_eval:.3f} -> {accuracy:.3f}")  # fmt: skip
+        self._reward_at_eval, self._accuracy_at_eval = reward, accuracy
+        return out

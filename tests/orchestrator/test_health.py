@@ -1,0 +1,97 @@
+"""Health guardrails: each check fires on its pattern, and a stop action checkpoints and stops."""
+
+import json
+import math
+
+from temper.cli.main import main
+from temper.monitor.health import HealthCheck, HealthConfig, HealthMonitor
+
+GOOD = {
+    "loss": 0.1, "grad_norm": 1.0, "entropy": 0.8, "kl": 0.01, "reward_mean": 0.3,
+    "train_infer_logprob_diff": 1e-6, "response_len_mean": 20.0, "gen_tokens_per_s": 1000.0,
+}  # fmt: skip
+
+
+def _kinds(alerts):
+    return [a.kind for a in alerts]
+
+
+def test_healthy_steps_raise_nothing():
+    mon = HealthMonitor(HealthConfig())
+    assert all(mon.check(s, GOOD) == [] for s in range(1, 30))
+
+
+def test_nan_loss_or_grad_norm_fires_stop():
+    mon = HealthMonitor(HealthConfig())
+    [alert] = mon.check(1, {**GOOD, "grad_norm": math.inf})
+    assert alert.kind == "nan" and alert.action == "stop" and "grad_norm" in alert.message
+    assert _kinds(mon.check(2, {**GOOD, "loss": math.nan})) == ["nan"]
+
+
+def test_entropy_collapse_kl_blowup_and_mismatch():
+    mon = HealthMonitor(HealthConfig())
+    assert _kinds(mon.check(1, {**GOOD, "entropy": 0.001})) == ["entropy_collapse"]
+    assert _kinds(mon.check(2, {**GOOD, "kl": 5.0})) == ["kl_blowup"]
+    assert _kinds(mon.check(3, {**GOOD, "train_infer_logprob_diff": 0.2})) == ["mismatch"]
+
+
+def test_length_explosion_against_the_first_steps():
+    mon = HealthMonitor(HealthConfig(warmup=3))
+    for s in range(1, 4):
+        assert mon.check(s, GOOD) == []
+    assert mon.check(4, {**GOOD, "response_len_mean": 55.0}) == []  # 2.75x: under 3x
+    assert _kinds(mon.check(5, {**GOOD, "response_len_mean": 61.0})) == ["length_explosion"]
+
+
+def test_throughput_regression_against_moving_average():
+    mon = HealthMonitor(HealthConfig(window=4))
+    for s in range(1, 5):
+        assert mon.check(s, GOOD) == []
+    assert _kinds(mon.check(5, {**GOOD, "gen_tokens_per_s": 100.0})) == ["throughput"]
+
+
+def test_reward_hacking_reward_up_while_heldout_flat():
+    mon = HealthMonitor(HealthConfig())
+    assert mon.observe_eval(0, accuracy=0.40) == []
+    mon.check(1, {**GOOD, "reward_mean": 0.30})
+    mon.check(20, {**GOOD, "reward_mean": 0.70})
+    [alert] = mon.observe_eval(20, accuracy=0.38)
+    assert alert.kind == "reward_hacking" and alert.value > 0.1
+    # Reward and accuracy rising together is learning, not hacking.
+    mon.check(40, {**GOOD, "reward_mean": 0.95})
+    assert mon.observe_eval(40, accuracy=0.60) == []
+
+
+def test_disabled_check_is_silent():
+    cfg = HealthConfig(entropy_collapse=HealthCheck(enabled=False, threshold=0.5))
+    assert HealthMonitor(cfg).check(1, {**GOOD, "entropy": 0.0}) == []
+
+
+def test_stop_action_checkpoints_and_stops_a_real_run(tmp_path):
+    # Every step has entropy below 100: the check fires at step 1 and stops the run.
+    code = main(
+        [
+            "train",
+            f"--run.output_dir={tmp_path}",
+            "--run.name=h",
+            "--orchestrator.steps=5",
+            "--orchestrator.prompts_per_step=2",
+            "--orchestrator.group_size=4",
+            "--eval.at_start=false",
+            "--eval.every=0",
+            "--eval.size=4",
+            "--eval.k=1",
+            "--log.progress=false",
+            "--health.entropy_collapse.threshold=100",
+            "--health.entropy_collapse.action=stop",
+        ]
+    )
+    assert code == 0
+    run = tmp_path / "h"
+    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1]
+    events = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
+    alert = next(e for e in events if e["kind"] == "alert")
+    assert alert["check"] == "entropy_collapse" and alert["action"] == "stop"
+    assert any(e["kind"] == "stopped_by_health_check" for e in events)
+    assert (run / "checkpoints" / "step_1" / "model.safetensors").is_file()
