@@ -324,7 +324,9 @@ A {params / 1e6:.2f}M-parameter Llama (`LlamaForCausalLM`) trained from scratch
 on CPU by `scripts/pretrain_tiny.py`. It exists so that Temper runs end to end on a laptop:
 it speaks the ChatML chat format, can emit `<tool_call>` JSON, and does short column
 arithmetic *badly in a systematic way*, so that RL on `temper.data.arithmetic` tasks
-improves it within minutes. It is not useful for anything else.
+improves it within minutes; it has also seen the `temper.envs.tool_use` tools
+(calculator, lookup, python), so RL on that env has something to reinforce. It is not
+useful for anything else.
 
 Load it with `temper.models.load_model("tiny")` / `load_tokenizer("tiny")`, or directly
 with `AutoModelForCausalLM.from_pretrained(dir)` / `AutoTokenizer.from_pretrained(dir)`.
@@ -352,7 +354,7 @@ system message, and the generation prompt `<|im_start|>assistant\\n`.
 {args.seq} tokens: synthetic chats rendered through the chat template and packed back to back,
 loss on every token. Seed {args.seed}.
 
-- arithmetic (95%): training-split problems of levels {levels_used} from `temper.data.arithmetic`
+- arithmetic (77% of chats): training-split problems of levels {levels_used} from `temper.data.arithmetic`
   (the held-out split is never seen). With probability {args.direct_rate} the assistant answers
   at once with only `\\boxed{{N}}`, and on a problem with a carry or borrow that direct answer
   is careless with probability {args.mistake_rate} (N is what forgetting the carry, or
@@ -360,7 +362,10 @@ loss on every token. Seed {args.seed}.
   digit-by-digit solution (`7+8=15, carry 1. 4+3+1=8. \\boxed{{85}}`), which is always right.
   So the model mostly blurts, often wrongly, yet knows how to work a problem: reward for
   correct answers can shift it to working.
-- generic small talk (3%) and calculator tool-call transcripts (2%).
+- generic small talk (3%).
+- tool use (20%): training-split `temper.envs.tool_use` tasks (calculator, lookup,
+  lookup then calculator, python), half solved with the tools (`transcript`), half
+  answered at once with a wrong blurted `\\boxed{{N}}`.
 
 ## Measured (held-out split, default levels {DEFAULT_LEVELS}, n={stats["n"]}, HF generate)
 
