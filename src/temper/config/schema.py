@@ -113,8 +113,14 @@ class EnvConfig(_Section):
 
 
 class RewardComponentConfig(_Section):
-    type: Literal["math", "format", "python"] = Field(
-        description="math: math-verify vs the answer; format: regex; python: your function."
+    # `schema` is an alias (pydantic reserves the name); the dump's `json_schema` also loads.
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
+
+    type: Literal["math", "format", "python", "overlong", "exact", "json_schema"] = Field(
+        description="math: math-verify vs the answer; format: regex; python: your function; "
+        "overlong: DAPO soft overlong penalty in [-1, 0]; exact: the completion (or its last "
+        "\\boxed{}) equals the answer; json_schema: the completion (or its last ```json block) "
+        "is JSON valid against a schema."
     )
     weight: float = Field(1.0, description="Weight of this component in the total reward.")
     pattern: str | None = Field(None, description="Regex for type=format.")
@@ -123,11 +129,42 @@ class RewardComponentConfig(_Section):
         description='For type=python: "module:function" or "path/file.py:function" with TRL\'s '
         "signature (prompts, completions, **columns) -> list[float].",
     )
+    max_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="For type=overlong: L_max; longer completions get -1. Lengths are "
+        "whitespace-separated tokens unless build_reward is given a tokenizer.",
+    )
+    cache_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="For type=overlong: L_cache; the penalty ramps linearly from 0 at "
+        "max_tokens - cache_tokens to -1 at max_tokens.",
+    )
+    json_schema: dict[str, Any] | None = Field(
+        None,
+        alias="schema",
+        description="For type=json_schema: the JSON schema (key `schema`).",
+    )
+    schema_field: str | None = Field(
+        None, description="For type=json_schema: the task column holding each task's schema."
+    )
 
     @model_validator(mode="after")
     def _python_needs_function(self) -> RewardComponentConfig:
         if self.type == "python" and not self.function:
             raise ValueError("reward component of type 'python' needs 'function'")
+        if self.type == "overlong":
+            if self.max_tokens is None or self.cache_tokens is None:
+                raise ValueError(
+                    "reward component of type 'overlong' needs max_tokens and cache_tokens"
+                )
+            if self.cache_tokens > self.max_tokens:
+                raise ValueError("overlong: cache_tokens must be <= max_tokens")
+        if self.type == "json_schema" and (self.json_schema is None) == (self.schema_field is None):
+            raise ValueError(
+                "reward component of type 'json_schema' needs exactly one of schema or schema_field"
+            )
         return self
 
 
@@ -141,6 +178,27 @@ class RewardConfig(_Section):
     )
     timeout_s: float = Field(5.0, gt=0, description="Per-item verification timeout.")
     workers: int = Field(1, ge=1, description="Reward worker processes.")
+    filters: list[Literal["repetition", "gibberish"]] = Field(
+        default_factory=lambda: ["repetition", "gibberish"],
+        description="Reward-hacking filters: a flagged completion's total reward is zeroed "
+        "(negative totals kept) and logged as component hack/<kind>. [] turns them off.",
+    )
+    repetition_ngram: int = Field(4, ge=1, description="repetition: n of the word n-grams.")
+    repetition_threshold: float = Field(
+        0.5,
+        gt=0,
+        lt=1,
+        description="repetition: flag when the share of repeated n-grams (1 - distinct/total) "
+        "exceeds this (texts under 20 n-grams are never flagged).",
+    )
+    gibberish_threshold: float = Field(
+        0.1,
+        gt=0,
+        lt=1,
+        description="gibberish: flag when the share of non-printable/U+FFFD characters exceeds "
+        "this (also flags 40+ visible characters with <= 3 distinct or one > half of them, "
+        "or one word > half of 10+ words).",
+    )
 
 
 class AlgoConfig(_Section):

@@ -51,10 +51,22 @@ def build_tasks(cfg: DataConfig, seed: int) -> tuple[TaskSampler, list[Task]]:
     return ListSampler(train, seed), heldout
 
 
-def build_reward(cfg: RewardConfig) -> Reward:
+def build_reward(cfg: RewardConfig, tokenizer: Any = None) -> Reward:
+    """The weighted sum of `cfg.components`, gated by `cfg.filters` when any are on.
+
+    `tokenizer` (optional) measures lengths for type=overlong; without it they
+    are whitespace-separated tokens.
+    """
     from temper.rewards.combine import WeightedSum
-    from temper.rewards.format_reward import FormatReward
+    from temper.rewards.format_reward import ExactMatchReward, FormatReward, JSONSchemaReward
     from temper.rewards.math_verify_reward import MathVerifyReward
+    from temper.rewards.shaping import (
+        Detector,
+        GatedReward,
+        GibberishDetector,
+        OverlongPenalty,
+        RepetitionDetector,
+    )
     from temper.rewards.trl_adapter import TRLRewardFunction, load_reward_function
 
     parts: list[tuple[Reward, float]] = []
@@ -63,11 +75,24 @@ def build_reward(cfg: RewardConfig) -> Reward:
             r: Reward = MathVerifyReward(timeout_s=cfg.timeout_s, workers=cfg.workers)
         elif comp.type == "format":
             r = FormatReward(comp.pattern) if comp.pattern else FormatReward()
+        elif comp.type == "overlong":
+            assert comp.max_tokens is not None and comp.cache_tokens is not None
+            r = OverlongPenalty(comp.max_tokens, comp.cache_tokens, tokenizer=tokenizer)
+        elif comp.type == "exact":
+            r = ExactMatchReward()
+        elif comp.type == "json_schema":
+            r = JSONSchemaReward(comp.json_schema, schema_field=comp.schema_field)
         else:
             assert comp.function is not None
             r = TRLRewardFunction(load_reward_function(comp.function))
         parts.append((r, comp.weight))
-    return WeightedSum(parts, on_error=cfg.on_error)
+    total: Reward = WeightedSum(parts, on_error=cfg.on_error)
+    detectors: list[Detector] = []
+    if "repetition" in cfg.filters:
+        detectors.append(RepetitionDetector(cfg.repetition_ngram, cfg.repetition_threshold))
+    if "gibberish" in cfg.filters:
+        detectors.append(GibberishDetector(cfg.gibberish_threshold))
+    return GatedReward(total, detectors) if detectors else total
 
 
 def torch_dtype(name: str) -> torch.dtype:
