@@ -24,3 +24,21 @@ def test_ks():
     assert ks_for(1) == [1]
     assert ks_for(4) == [1, 2, 4]
     assert ks_for(6) == [1, 2, 4, 6]
+
+
+def test_wilson_interval_hand_computed():
+    from temper.eval.metrics import wilson_interval
+
+    lo, hi = wilson_interval(8, 10)
+    # p=0.8, n=10, z=1.96: center 0.7167, half-width 0.2258 (hand-computed)
+    assert abs(lo - 0.4902) < 1e-3 and abs(hi - 0.9433) < 1e-3
+    assert wilson_interval(0, 10)[0] == 0.0 and wilson_interval(10, 10)[1] == 1.0
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+
+
+def test_majority_vote_ignores_missing_and_breaks_ties_by_order():
+    from temper.eval.metrics import majority_vote
+
+    assert majority_vote(["3", None, "4", "3"]) == "3"
+    assert majority_vote(["4", "3"]) == "4"
+    assert majority_vote([None, None]) is None

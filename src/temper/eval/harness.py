@@ -1,11 +1,14 @@
-"""Evaluate a policy on held-out tasks: greedy accuracy, pass@k, mean@k.
+"""Evaluate a policy on held-out tasks: greedy accuracy, pass@k, mean@k, maj@k.
 
 The rollouts come from a `temper.rollout.sources.RolloutSource` (single-turn
 prompts or multi-turn env episodes), already scored. Greedy: one
 temperature-0 sample per task. Sampled: k samples per task at the
 given temperature, seeded, from which pass@j (unbiased, for j = 1, 2, 4 … k)
-and mean@k (the average correctness of the k samples) are computed. Results
-are broken down by task category. Nothing here trains or changes weights.
+and mean@k (the average correctness of the k samples) are computed, with a
+95% Wilson interval, and maj@k: the most common final ``\\boxed{}`` answer of
+the k samples, compared as a string with the task's answer (tasks without an
+answer are left out of maj@k). Results are broken down by task category.
+Nothing here trains or changes weights.
 """
 
 from __future__ import annotations
@@ -15,17 +18,31 @@ from typing import Any
 
 from temper.data.base import Task
 from temper.engine.base import SamplingParams
-from temper.eval.metrics import ks_for, pass_at_k
+from temper.eval.metrics import ks_for, majority_vote, pass_at_k, wilson_interval
+from temper.rewards.answers import extract_boxed
 from temper.rollout.sources import RolloutSource
 from temper.rollout.trajectory import Trajectory
 
 
-def _summarise(groups: list[list[Trajectory]], k: int) -> dict[str, float]:
-    out: dict[str, float] = {}
+def _final_answer(t: Trajectory) -> str | None:
+    """The last ``\\boxed{}`` of the final assistant message (or of the response)."""
+    replies = [m.get("content") or "" for m in t.messages if m.get("role") == "assistant"]
+    found = extract_boxed(replies[-1] if replies else t.response_text)
+    return found.strip() if found is not None else None
+
+
+def _summarise(groups: list[list[Trajectory]], k: int, gold: dict[str, str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
     n_correct = [sum(bool(t.correct) for t in g) for g in groups]
     for j in ks_for(k):
         out[f"pass@{j}"] = sum(pass_at_k(k, c, j) for c in n_correct) / len(groups)
     out[f"mean@{k}"] = sum(c / k for c in n_correct) / len(groups)
+    out[f"mean@{k}_ci95"] = list(wilson_interval(sum(n_correct), k * len(groups)))
+    with_gold = [g for g in groups if gold.get(g[0].task_id) is not None]
+    if k > 1 and with_gold:
+        votes = [majority_vote([_final_answer(t) for t in g]) for g in with_gold]
+        hits = sum(v == gold[g[0].task_id] for v, g in zip(votes, with_gold, strict=True))
+        out[f"maj@{k}"] = hits / len(with_gold)
     return out
 
 
@@ -40,13 +57,16 @@ async def evaluate(
     sampled: bool = True,
 ) -> dict[str, Any]:
     """Run the eval; returns a JSON-able dict of metrics."""
+    gold = {t.id: str(t.answer).strip() for t in tasks if t.answer is not None}
     result: dict[str, Any] = {"n_tasks": len(tasks), "k": k, "temperature": temperature}
     by_cat: dict[str, dict[str, Any]] = defaultdict(dict)
     if greedy:
         params = SamplingParams(n=1, temperature=0.0, max_new_tokens=max_new_tokens)
         groups, _ = await source.groups(tasks, params)
         flat = [t for g in groups for t in g]
-        result["accuracy"] = sum(bool(t.correct) for t in flat) / len(flat)
+        n_right = sum(bool(t.correct) for t in flat)
+        result["accuracy"] = n_right / len(flat)
+        result["accuracy_ci95"] = list(wilson_interval(n_right, len(flat)))
         result["mean_response_tokens"] = sum(t.num_policy_tokens for t in flat) / len(flat)
         for cat, trajs in _by_category(flat).items():
             by_cat[cat]["accuracy"] = sum(bool(t.correct) for t in trajs) / len(trajs)
@@ -54,12 +74,12 @@ async def evaluate(
     if sampled:
         params = SamplingParams(n=k, temperature=temperature, max_new_tokens=max_new_tokens)
         groups, _ = await source.groups(tasks, params, seed=seed)
-        result.update(_summarise(groups, k))
+        result.update(_summarise(groups, k, gold))
         cat_groups: dict[str, list[list[Trajectory]]] = defaultdict(list)
         for g in groups:
             cat_groups[g[0].category].append(g)
         for cat, gs in cat_groups.items():
-            by_cat[cat].update(_summarise(gs, k))
+            by_cat[cat].update(_summarise(gs, k, gold))
             by_cat[cat]["n"] = len(gs)
     result["by_category"] = dict(sorted(by_cat.items()))
     return result
