@@ -1,4 +1,4 @@
-"""The `temper` command: train, eval, generate, report, replay, dash, serve.
+"""The `temper` command: train, eval, generate, report, replay, dash, serve, serve-rm.
 
 Config overrides are dotted flags (`--trainer.lr=3e-4`, `--run.name demo2`).
 A user error (TemperError) prints one line `temper: error: ...` and exits 2
