@@ -1,4 +1,5 @@
-"""The `temper` command: train, eval, generate, report, replay, dash, serve, serve-rm.
+"""The `temper` command: train, eval, generate, report, replay, inspect, compare, dash,
+serve, serve-rm.
 
 Config overrides are dotted flags (`--trainer.lr=3e-4`, `--run.name demo2`).
 A user error (TemperError) prints one line `temper: error: ...` and exits 2
@@ -56,6 +57,13 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=None)
     r = sub.add_parser("report", help="(re)write report.html and plots for a run directory")
     r.add_argument("run_dir")
+    ins = sub.add_parser("inspect", help="best and worst samples of one step of a run")
+    ins.add_argument("run_dir")
+    ins.add_argument("--step", type=int, required=True)
+    ins.add_argument("--k", type=int, default=3, help="samples shown at each end")
+    cmp = sub.add_parser("compare", help="two runs side by side: metrics and config diff")
+    cmp.add_argument("run_a")
+    cmp.add_argument("run_b")
     rp = sub.add_parser(
         "replay", help="re-run a run's env on recorded episodes; check observations and rewards"
     )
@@ -139,6 +147,20 @@ def cmd_report(args: argparse.Namespace) -> int:
     if not (path / "metrics.jsonl").is_file():
         raise ConfigError(f"{path} is not a run directory (no metrics.jsonl)")
     print(write_report(path))
+    return 0
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from temper.monitor.inspect import inspect_step
+
+    print(inspect_step(args.run_dir, args.step, args.k))
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from temper.monitor.inspect import compare_runs
+
+    print(compare_runs(args.run_a, args.run_b))
     return 0
 
 
@@ -249,6 +271,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_generate(args, overrides)
         if args.command == "replay":
             return cmd_replay(args)
+        if args.command == "inspect":
+            return cmd_inspect(args)
+        if args.command == "compare":
+            return cmd_compare(args)
         if args.command == "serve":
             return cmd_serve(args, overrides)
         if args.command == "serve-rm":
