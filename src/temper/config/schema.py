@@ -244,6 +244,25 @@ class OrchestratorConfig(_Section):
     max_seconds: float | None = Field(
         None, gt=0, description="Stop training after this wall-clock budget."
     )
+    mode: Literal["train", "rollout_only", "train_only"] = Field(
+        "train",
+        description="train: generate, score, update. rollout_only: generate and score, no "
+        "update. train_only: update on the trajectories recorded in `train_from`, no "
+        "generation. The last two isolate a regression to one side.",
+    )
+    train_from: str | None = Field(
+        None,
+        description="For mode=train_only: a run's trajectories/ folder; step N trains on "
+        "step_N.jsonl (record every sample with log.trajectories_per_step).",
+    )
+
+    @model_validator(mode="after")
+    def _train_only_needs_source(self) -> OrchestratorConfig:
+        if self.mode == "train_only" and not self.train_from:
+            raise ValueError(
+                "orchestrator.train_from is required when orchestrator.mode = 'train_only'"
+            )
+        return self
 
 
 class EvalConfig(_Section):

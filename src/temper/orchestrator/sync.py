@@ -9,6 +9,7 @@ directory. A resumed run continues exactly where the checkpoint left off.
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from pathlib import Path
@@ -21,6 +22,7 @@ from temper.algos import compute_advantages
 from temper.config import Config
 from temper.data.base import Task
 from temper.engine.base import SamplingParams
+from temper.errors import DataError
 from temper.eval.harness import evaluate
 from temper.models import load_model, load_tokenizer, resolve_model_path
 from temper.monitor.health import Alert, HealthMonitor
@@ -71,6 +73,23 @@ def assign_advantages(
                 t.advantage = float(adv[gi, ti])
                 kept.append(t)
     return kept, dropped
+
+
+def load_recorded_groups(folder: str | None, step: int) -> tuple[list[list[Trajectory]], dict]:
+    """The trajectories recorded at ``step`` in ``folder``, grouped by ``group_id``."""
+    path = Path(str(folder)) / f"step_{step:06d}.jsonl"
+    if not path.is_file():
+        raise DataError(
+            f"orchestrator.train_from: no recorded trajectories for step {step} ({path})"
+        )
+    groups: dict[int, list[Trajectory]] = {}
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        record["trainer_logprobs"] = None  # recomputed by this run's trainer
+        traj = Trajectory(**record)
+        groups.setdefault(traj.group_id, []).append(traj)
+    stats = {"time_generate_s": 0.0, "time_reward_s": 0.0, "reward_errors": 0.0}
+    return list(groups.values()), stats
 
 
 def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
@@ -183,10 +202,14 @@ class SyncOrchestrator:
     async def train_step(self, step: int) -> dict[str, Any]:
         cfg = self.cfg
         t0 = time.perf_counter()
-        tasks: list[Task] = self.sampler.sample(cfg.orchestrator.prompts_per_step)
-        groups, rollout_stats = await self.rollouts.source.groups(
-            tasks, self._sampling(), seed=cfg.run.seed * 1_000_003 + step
-        )
+        mode = cfg.orchestrator.mode
+        if mode == "train_only":
+            groups, rollout_stats = load_recorded_groups(cfg.orchestrator.train_from, step)
+        else:
+            tasks: list[Task] = self.sampler.sample(cfg.orchestrator.prompts_per_step)
+            groups, rollout_stats = await self.rollouts.source.groups(
+                tasks, self._sampling(), seed=cfg.run.seed * 1_000_003 + step
+            )
         flat = [t for g in groups for t in g]
         failures = int(rollout_stats["reward_errors"])
         t2 = time.perf_counter()
@@ -196,9 +219,10 @@ class SyncOrchestrator:
         kept, dropped = assign_advantages(
             groups, cfg.algo.advantage, cfg.orchestrator.drop_zero_variance_groups
         )
-        train_stats = await compute.arun(self.trainer.train_step, kept) if kept else {}
+        train = bool(kept) and mode != "rollout_only"
+        train_stats = await compute.arun(self.trainer.train_step, kept) if train else {}
         t3 = time.perf_counter()
-        if kept:
+        if train:
             self.engine.update_weights(self.trainer.engine_state_dict(), version=step)
         t4 = time.perf_counter()
         m: dict[str, Any] = {"step": step, **rollout_metrics(flat), **train_stats}
