@@ -34,6 +34,7 @@ bench: setup
 	$(PY) benchmarks/engine_vs_hf.py
 	$(PY) benchmarks/grpo_vs_trl.py
 	$(PY) benchmarks/sandbox.py
+	$(PY) benchmarks/eval_parallel.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache
