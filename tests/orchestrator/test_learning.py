@@ -34,6 +34,9 @@ def test_short_grpo_run_improves_heldout_accuracy(tmp_path):
     assert [m["step"] for m in metrics] == list(range(1, 16))
     for key in ("reward_mean", "accuracy", "entropy", "grad_norm", "lr", "time_generate_s"):
         assert key in metrics[-1]
+    # Sync training never trains on stale tokens; peak memory is logged.
+    assert all(m["staleness_max"] == 0 for m in metrics)
+    assert metrics[-1]["peak_rss_mb"] >= metrics[0]["peak_rss_mb"] > 100
     # Sync training: every trained token came from the previous step's weights.
     traj = json.loads((run / "trajectories" / "step_000015.jsonl").read_text().splitlines()[0])
     assert set(traj["versions"]) == {14}

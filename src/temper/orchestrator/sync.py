@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import resource
 import time
 from pathlib import Path
 from typing import Any
@@ -202,6 +203,7 @@ class SyncOrchestrator:
     async def train_step(self, step: int) -> dict[str, Any]:
         cfg = self.cfg
         t0 = time.perf_counter()
+        version_before = self.engine.version
         mode = cfg.orchestrator.mode
         if mode == "train_only":
             groups, rollout_stats = load_recorded_groups(cfg.orchestrator.train_from, step)
@@ -238,6 +240,10 @@ class SyncOrchestrator:
             time_step_s=t4 - t0,
             gen_tokens_per_s=m["tokens_generated"] / max(rollout_stats["time_generate_s"], 1e-9),
         )
+        # Staleness: the policy version trained on minus the version that sampled each token.
+        sampled = [v for t in flat for v, mask in zip(t.versions, t.loss_mask, strict=True) if mask]
+        m["staleness_max"] = float(max((version_before - v for v in sampled), default=0))
+        m["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         if cfg.env.enabled:
             m.update({f"env/{k}": v for k, v in episode_stats(flat).items()})
         n_keep = cfg.log.trajectories_per_step
