@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 
 from temper.rewards.base import RewardInput, RewardResult
-from temper.serve.client import ChatClient, ChatClientError, _short
+from temper.serve.client import ChatClient, ChatClientError, post_json
 
 
 class RewardModelReward:
@@ -94,19 +94,7 @@ class RewardModelReward:
         url = f"{self.base_url}/score"
 
         async def once(payload: dict[str, Any]) -> dict[str, Any]:
-            try:
-                reply = await http.post(url, json=payload)
-            except httpx.TransportError as exc:
-                raise ChatClientError(f"cannot reach {url}: {exc!r}", True) from None
-            if reply.status_code >= 400:
-                retry = reply.status_code == 429 or reply.status_code >= 500
-                raise ChatClientError(
-                    f"HTTP {reply.status_code} from {url}: {_short(reply.text)}", retry
-                )
-            try:
-                return reply.json()
-            except ValueError:
-                raise ChatClientError(f"reply from {url} is not JSON") from None
+            return await post_json(http, url, payload)
 
         payload = {"pairs": [{"prompt": p, "response": r} for p, r in pairs]}
         try:

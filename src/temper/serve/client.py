@@ -34,6 +34,22 @@ def _short(text: str, n: int = 200) -> str:
     return flat if len(flat) <= n else flat[:n] + "..."
 
 
+async def post_json(http: httpx.AsyncClient, url: str, payload: dict[str, Any]) -> Any:
+    """POST ``payload`` and return the JSON reply; failures raise `ChatClientError`,
+    marked retryable for connection errors, 429 and 5xx."""
+    try:
+        reply = await http.post(url, json=payload)
+    except httpx.TransportError as exc:
+        raise ChatClientError(f"cannot reach {url}: {exc!r}", True) from None
+    if reply.status_code >= 400:
+        retry = reply.status_code == 429 or reply.status_code >= 500
+        raise ChatClientError(f"HTTP {reply.status_code} from {url}: {_short(reply.text)}", retry)
+    try:
+        return reply.json()
+    except ValueError:
+        raise ChatClientError(f"reply from {url} is not JSON") from None
+
+
 class ChatClient:
     """Settings and counters for chat-completion calls; `session()` opens connections.
 
@@ -105,18 +121,7 @@ class ChatClient:
             url = f"{self.base_url}/chat/completions"
 
             async def once(payload: dict[str, Any]) -> dict[str, Any]:
-                try:
-                    reply = await client.post(url, json=payload)
-                except httpx.TransportError as exc:
-                    raise ChatClientError(f"cannot reach {url}: {exc!r}", True) from None
-                if reply.status_code >= 400:
-                    retry = reply.status_code == 429 or reply.status_code >= 500
-                    msg = f"HTTP {reply.status_code} from {url}: {_short(reply.text)}"
-                    raise ChatClientError(msg, retry)
-                try:
-                    return reply.json()
-                except ValueError:
-                    raise ChatClientError(f"reply from {url} is not JSON") from None
+                return await post_json(client, url, payload)
 
             close = client.aclose
 
