@@ -1,0 +1,89 @@
+"""Weight sync: each WeightTransport's publish + receive vs a plain copy.
+
+A state dict of about 100M float32 parameters (4 tensors of 25M) is published
+and received by each transport; the baseline is `Tensor.copy_` of the same
+bytes into preallocated tensors (a warm in-memory copy, the lower bound).
+Shared memory is timed with and without checksum verification (the writer
+always computes checksums). Safetensors files go to a directory on /dev/shm so
+disk speed does not enter. Prints one JSON line: median seconds over `--reps`
+and each transport's ratio to the copy (goal: shared memory <= 2x).
+
+    .venv/bin/python benchmarks/weight_sync.py [--params 100_000_000] [--reps 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import tempfile
+import time
+import uuid
+
+import torch
+
+from temper.weights import InProcessTransport, SafetensorsFileTransport, SharedMemoryTransport
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--params", type=int, default=100_000_000)
+    ap.add_argument("--tensors", type=int, default=4)
+    ap.add_argument("--reps", type=int, default=3)
+    args = ap.parse_args()
+    n = args.params // args.tensors
+    state = {f"layer{i}.weight": torch.randn(n) for i in range(args.tensors)}
+    dest = {k: torch.empty_like(v) for k, v in state.items()}
+
+    def copy_baseline(version: int) -> None:
+        for k, v in state.items():
+            dest[k].copy_(v)
+
+    def run(transport):
+        def step(version: int) -> None:
+            transport.publish(state, version)
+            got, v = transport.receive()
+            assert v == version
+            for t in got.values():  # make sure the data is really there
+                t[-1].item()
+
+        return step
+
+    shm_v = SharedMemoryTransport.create(f"bench-{uuid.uuid4().hex[:8]}", keep=1)
+    shm_nv = SharedMemoryTransport.create(f"bench-{uuid.uuid4().hex[:8]}", keep=1, verify=False)
+    st_dir = tempfile.mkdtemp(dir="/dev/shm", prefix="temper-bench-st-")
+    cases = {
+        "copy": copy_baseline,
+        "inprocess": run(InProcessTransport(keep=1)),
+        "shm": run(shm_v),
+        "shm_noverify": run(shm_nv),
+        "safetensors": run(SafetensorsFileTransport(st_dir, keep=1)),
+    }
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    try:
+        for rep in range(args.reps + 1):  # rep 0 warms up
+            for name, fn in cases.items():
+                t0 = time.perf_counter()
+                fn(rep + 1)
+                dt = time.perf_counter() - t0
+                if rep > 0:
+                    times[name].append(dt)
+    finally:
+        shm_v.destroy()
+        shm_nv.destroy()
+        shutil.rmtree(st_dir, ignore_errors=True)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    out = {
+        "params": n * args.tensors,
+        "bytes": n * args.tensors * 4,
+        "reps": args.reps,
+        "seconds": {k: round(v, 4) for k, v in med.items()},
+        "ratio_vs_copy": {k: round(v / med["copy"], 2) for k, v in med.items() if k != "copy"},
+        "shm_goal_le_2x": med["shm"] / med["copy"] <= 2.0,
+    }
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
