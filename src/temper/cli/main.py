@@ -168,6 +168,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     from temper.config.load import load_config
     from temper.envs.registry import build_env_spec
     from temper.envs.replay import replay_episode
+    from temper.monitor.sinks import read_jsonl
 
     path = Path(args.trajectories)
     if not path.is_file():
@@ -178,7 +179,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     cfg = load_config(config_path)
     if not cfg.env.enabled:
         raise ConfigError(f"{config_path.parent} is a single-turn run: there is no env to replay")
-    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records = read_jsonl(path)
     if args.index is not None:
         if not 0 <= args.index < len(records):
             raise ConfigError(f"--index {args.index} is out of range: {path} has {len(records)}")

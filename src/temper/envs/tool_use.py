@@ -191,10 +191,8 @@ def tools_for(task: Task, sandbox: Any = None) -> list[Tool]:
         elif name == "calculator":
             tools.append(_tool("calculator", calculator))
         else:
-            if sandbox is None:
-                from temper.sandbox import Sandbox
-
-                sandbox = Sandbox()
+            if sandbox is None:  # the caller owns (and closes) the sandbox
+                raise ValueError(f"task {task.id}: the python tool needs a sandbox")
             tools.append(_python_tool(sandbox))
     return tools
 

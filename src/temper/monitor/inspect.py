@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from temper.errors import ConfigError
+from temper.monitor.sinks import read_jsonl
 
 #: Metrics shown by `compare_runs` when both runs have them, in this order.
 SUMMARY_KEYS = (
@@ -28,10 +29,6 @@ def _run_dir(path: str | Path) -> Path:
     if not (run / "metrics.jsonl").is_file():
         raise ConfigError(f"{run} is not a run directory (no metrics.jsonl)")
     return run
-
-
-def _jsonl(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def _text(record: dict[str, Any], width: int) -> str:
@@ -49,7 +46,7 @@ def inspect_step(run: str | Path, step: int, k: int = 3, width: int = 100) -> st
     if not path.is_file():
         steps = sorted(int(p.stem.split("_")[1]) for p in path.parent.glob("step_*.jsonl"))
         raise ConfigError(f"no trajectories saved at step {step}; saved steps: {steps[:10]}")
-    records = _jsonl(path)
+    records = read_jsonl(path)
     ranked = sorted(
         records, key=lambda r: (r.get("reward", 0.0), r.get("advantage", 0.0)), reverse=True
     )
@@ -85,7 +82,7 @@ def _final_eval(run: Path) -> dict[str, Any]:
 def compare_runs(a: str | Path, b: str | Path) -> str:
     """Metric summaries and the config diff of runs ``a`` and ``b``, as text."""
     runs = [_run_dir(a), _run_dir(b)]
-    rows = [_jsonl(r / "metrics.jsonl") for r in runs]
+    rows = [read_jsonl(r / "metrics.jsonl") for r in runs]
     lines = [
         f"{'':28s} {runs[0].name:>24s} {runs[1].name:>24s}",
         f"{'steps':28s} {len(rows[0]):>24d} {len(rows[1]):>24d}",

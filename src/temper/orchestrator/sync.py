@@ -9,7 +9,6 @@ directory. A resumed run continues exactly where the checkpoint left off.
 
 from __future__ import annotations
 
-import json
 import math
 import resource
 import time
@@ -29,7 +28,7 @@ from temper.models import load_model, load_tokenizer, resolve_model_path
 from temper.monitor.health import Alert, HealthMonitor
 from temper.monitor.progress import RunProgress
 from temper.monitor.report import write_report
-from temper.monitor.sinks import JsonlSink, truncate_jsonl_after_step
+from temper.monitor.sinks import JsonlSink, read_jsonl, truncate_jsonl_after_step
 from temper.orchestrator.build import build_engine, build_rollouts
 from temper.orchestrator.run_dir import RunDir
 from temper.rollout.multi_turn import episode_stats
@@ -84,8 +83,7 @@ def load_recorded_groups(folder: str | None, step: int) -> tuple[list[list[Traje
             f"orchestrator.train_from: no recorded trajectories for step {step} ({path})"
         )
     groups: dict[int, list[Trajectory]] = {}
-    for line in path.read_text().splitlines():
-        record = json.loads(line)
+    for record in read_jsonl(path):
         record["trainer_logprobs"] = None  # recomputed by this run's trainer
         traj = Trajectory(**record)
         groups.setdefault(traj.group_id, []).append(traj)

@@ -24,18 +24,14 @@ import torch
 from temper.rollout.trajectory import Trajectory
 
 
-def _prompt_groups(trajs: list[Trajectory]) -> list[list[int]]:
-    """Row indices grouped by identical prompt ids, groups in order of first appearance."""
-    groups: dict[tuple[int, ...], list[int]] = {}
-    for i, t in enumerate(trajs):
-        groups.setdefault(tuple(t.prompt_ids), []).append(i)
-    return list(groups.values())
-
-
 def plan_micro_batches(trajs: list[Trajectory], token_budget: int) -> list[list[int]]:
     """Row indices of ``trajs``, grouped into micro-batches under ``token_budget`` padded tokens."""
+    keys = [tuple(t.prompt_ids) for t in trajs]
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, key in enumerate(keys):
+        groups.setdefault(key, []).append(i)
     order: list[int] = []
-    for group in _prompt_groups(trajs):
+    for group in groups.values():  # groups in order of first appearance
         order += sorted(group, key=lambda i: (-len(trajs[i].response_ids), i))
     batches: list[list[int]] = []
     current: list[int] = []
@@ -43,8 +39,7 @@ def plan_micro_batches(trajs: list[Trajectory], token_budget: int) -> list[list[
     longest_p = longest_r = 0
     for i in order:
         t = trajs[i]
-        key = tuple(t.prompt_ids)
-        new_prompts = len(prompts) + (key not in prompts)
+        new_prompts = len(prompts) + (keys[i] not in prompts)
         p = max(longest_p, len(t.prompt_ids))
         r = max(longest_r, len(t.response_ids))
         if current and new_prompts * p + (len(current) + 1) * r > token_budget:
@@ -52,7 +47,7 @@ def plan_micro_batches(trajs: list[Trajectory], token_budget: int) -> list[list[
             current, prompts = [], set()
             p, r = len(t.prompt_ids), len(t.response_ids)
         current.append(i)
-        prompts.add(key)
+        prompts.add(keys[i])
         longest_p, longest_r = p, r
     if current:
         batches.append(current)

@@ -115,10 +115,13 @@ class PolicyTrainer:
             mb = collate(trajs, idx, self.pad_id)
             logits = self._forward_logits(self.model, mb)
             logprobs = token_logprobs(logits, mb.targets)
-            for row, i in enumerate(idx):
-                t = trajs[i]
-                if t.trainer_logprobs is None:  # first pass: same weights the engine sampled with
-                    t.trainer_logprobs = logprobs[row, : len(t.response_ids)].tolist()
+            fresh = [
+                (row, trajs[i]) for row, i in enumerate(idx) if trajs[i].trainer_logprobs is None
+            ]
+            if fresh:  # first pass: the weights the engine sampled with; one copy to host
+                rows = logprobs.detach().tolist()
+                for row, t in fresh:
+                    t.trainer_logprobs = rows[row][: len(t.response_ids)]
             if old is not None:
                 old_lp = _stack_rows([old[global_idx[i]] for i in idx], logprobs.shape)
             else:
