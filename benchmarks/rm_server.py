@@ -1,16 +1,17 @@
 """Reward-model server throughput: dynamic batching vs one request at a time.
 
-Starts `temper.serve.reward_model` in-process on 127.0.0.1 with a small random
-reward model (Llama, hidden 256, 4 layers, saved to a temp dir), then has 64
-concurrent asyncio+httpx clients each send single-pair ``POST /score``
-requests for a fixed time (the clients run in a child process), once with dynamic batching (max_batch_size 64,
-max_wait_ms 5) and once with max_batch_size 1; then the same load in process
-(coroutines calling the batcher, no HTTP). Prints one JSON line with the rates
-and ratios. Texts are short (the built-in tokenizer is nearly character-level,
-so long texts make every forward compute-bound on CPU, where batching gains
-little); torch runs one thread on the compute thread by default.
+Serves the shipped tiny reward model (`tiny-rm`: Llama, hidden 128, 4 layers;
+or ``--model PATH``) with `temper.serve.reward_model` in-process on
+127.0.0.1, then has 64 concurrent asyncio+httpx clients (in a child process)
+each send single-pair ``POST /score`` requests for a fixed time: once with
+dynamic batching (max_batch_size 64, max_wait_ms 5) and once with
+max_batch_size 1 (the same server, model, clients and texts). Then the same
+load in process (coroutines calling the batcher, no HTTP). The texts are
+held-out pairs of `temper.data.preferences` (prompt plus chosen or rejected
+response), i.e. what the model was trained to score. Prints one JSON line with
+the rates and ratios; torch runs one thread on the compute thread by default.
 
-    .venv/bin/python benchmarks/rm_server.py [--seconds 6] [--clients 64]
+    .venv/bin/python benchmarks/rm_server.py [--seconds 6] [--clients 64] [--model tiny-rm]
 """
 
 from __future__ import annotations
@@ -20,49 +21,25 @@ import asyncio
 import json
 import multiprocessing
 import os
-import random
 import sys
-import tempfile
 import time
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import httpx
-import torch
 
 from temper import compute
-from temper.models import load_tokenizer
 from temper.serve.reward_model import load_reward_model, start_rm_server
-
-WORDS = ["the", "a", "model", "reward", "answer", "question", "good", "bad", "seven", "is", "to"]
-
-
-def build_model(path: str, hidden: int = 256, layers: int = 4) -> None:
-    from transformers import LlamaConfig, LlamaForSequenceClassification
-
-    tok = load_tokenizer("tiny")
-    cfg = LlamaConfig(
-        vocab_size=len(tok),
-        hidden_size=hidden,
-        intermediate_size=hidden * 2,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=512,
-        num_labels=1,
-        pad_token_id=tok.pad_token_id,
-    )
-    torch.manual_seed(0)
-    LlamaForSequenceClassification(cfg).save_pretrained(path)
-    tok.save_pretrained(path)
 
 
 def make_pairs(n: int) -> list[dict[str, str]]:
-    rng = random.Random(0)
-    words = lambda k: " ".join(rng.choice(WORDS) for _ in range(k))  # noqa: E731
-    return [
-        {"prompt": words(rng.randint(2, 4)), "response": words(rng.randint(3, 8))} for _ in range(n)
-    ]
+    """``n`` request bodies' pairs: held-out prompts with their chosen or rejected response."""
+    from temper.data.preferences import make_pairs as preference_pairs
+
+    out = []
+    for i, p in enumerate(preference_pairs(n, heldout=True, seed=0)):
+        out.append({"prompt": p.prompt, "response": p.chosen if i % 2 else p.rejected})
+    return out
 
 
 def drive_in_child(url: str, clients: int, seconds: float, pairs) -> tuple[int, float]:
@@ -143,18 +120,15 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=6.0)
     ap.add_argument("--clients", type=int, default=64)
-    ap.add_argument("--hidden", type=int, default=256)
-    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--model", default="tiny-rm", help='reward model directory or "tiny-rm"')
     ap.add_argument("--threads", type=int, default=1, help="torch threads of the compute thread")
     ap.add_argument("--switch-interval", type=float, default=None, help="sys.setswitchinterval")
     args = ap.parse_args()
     if args.switch_interval is not None:
         sys.setswitchinterval(args.switch_interval)
     pairs = make_pairs(512)
-    with tempfile.TemporaryDirectory() as tmp:
-        compute.set_threads(args.threads)
-        build_model(tmp, args.hidden, args.layers)
-        loaded = load_reward_model(tmp)
+    compute.set_threads(args.threads)
+    loaded = load_reward_model(args.model)
     batched = measure(loaded, args.clients, args.seconds, pairs, 64)
     single = measure(loaded, args.clients, args.seconds, pairs, 1)
     local_batched = measure_in_process(loaded, args.clients, args.seconds, pairs, 64)
@@ -165,7 +139,7 @@ def main() -> None:
                 "benchmark": "rm_server",
                 "clients": args.clients,
                 "seconds": args.seconds,
-                "model": f"llama hidden={args.hidden} layers={args.layers} (random)",
+                "model": args.model,
                 "batched_rps": round(batched["rps"], 1),
                 "batched_mean_batch": round(batched["mean_batch"], 1),
                 "unbatched_rps": round(single["rps"], 1),

@@ -242,3 +242,17 @@ def test_writer_killed_mid_publish_leaves_last_complete(shm_root):
     got, v = t.receive()  # whatever was committed last is whole
     assert v >= 3
     _check_stamp(got, v)
+
+
+def test_shm_without_checksums_checks_sizes_only(shm_root):
+    t = SharedMemoryTransport(shm_root, checksum=False)
+    t.publish(make_state(0), 1)
+    manifest = t.read_manifest(1)
+    assert not manifest.checksums and all(e.crc32 == () for e in manifest.tensors)
+    assert bitwise_equal(make_state(0), t.receive()[0])
+    entry = next(e for e in manifest.tensors if e.name == "ids")
+    _flip_byte(shm_root / "v1.bin", entry.offset)
+    assert not bitwise_equal(make_state(0), t.receive()[0])  # nothing to check it against
+    os.truncate(shm_root / "v1.bin", 100)
+    with pytest.raises(WeightTransportError, match="torn or mismatched"):
+        t.receive()

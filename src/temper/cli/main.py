@@ -44,10 +44,21 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="run RL training (no CONFIG: the built-in default run)")
     t.add_argument("config", nargs="?", help="TOML config file")
+    t.add_argument(
+        "--profile",
+        action="store_true",
+        help="write a Chrome trace of one step to <run>/profile/ (log.profile_step, else step 1)",
+    )
     e = sub.add_parser("eval", help="evaluate a model or checkpoint on held-out tasks")
     e.add_argument("config", nargs="?", help="TOML config file")
     e.add_argument("--checkpoint", help="model or checkpoint directory (overrides model.path)")
     e.add_argument("--out", help="write the JSON result here")
+    e.add_argument(
+        "--suite",
+        default="builtin",
+        help="builtin (held-out split of the config's task/env), gsm8k, humaneval or bfcl",
+    )
+    e.add_argument("--suite-path", help="data file/folder for the gsm8k or bfcl suite")
     g = sub.add_parser("generate", help="sample completions for a prompt")
     g.add_argument("prompt", help="user message")
     g.add_argument("--model", default="tiny", help='model directory or "tiny"')
@@ -94,6 +105,8 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     from temper.orchestrator.sync import SyncOrchestrator
 
     cfg = load_config(args.config, overrides)
+    if args.profile and cfg.log.profile_step is None:
+        cfg.log.profile_step = 1  # a step chosen in the config or overrides wins
 
     async def go() -> dict:
         orch = SyncOrchestrator(cfg)
@@ -118,7 +131,7 @@ def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.checkpoint:
         overrides = [*overrides, f"model.path={json.dumps(args.checkpoint)}"]
     cfg = load_config(args.config, overrides)
-    result = asyncio.run(run_eval(cfg))
+    result = asyncio.run(run_eval(cfg, args.suite, args.suite_path))
     print_eval_table(result)
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=1))

@@ -45,13 +45,35 @@ class ModelConfig(_Section):
 
 
 class EngineConfig(_Section):
-    type: Literal["native", "hf"] = Field("native", description="Which engine generates rollouts.")
+    type: Literal["native", "hf", "openai"] = Field(
+        "native",
+        description='Which engine generates rollouts; "openai" = a remote OpenAI-compatible '
+        "/v1/completions endpoint (eval and rollout-only runs).",
+    )
     max_slots: int = Field(256, ge=1, description="Sequences decoded concurrently (native).")
     release_memory_during_train: bool = Field(
         True,
         description="Free the engine's KV cache while the trainer steps (engine and trainer "
         "share the machine).",
     )
+    base_url: str | None = Field(
+        None, description='Endpoint for type="openai", e.g. "http://127.0.0.1:8000/v1".'
+    )
+    api_key_env: str | None = Field(
+        None, description='Environment variable holding the API key (type="openai").'
+    )
+    model_name: str | None = Field(
+        None, description="Model id sent to the endpoint; default: the first it lists."
+    )
+    timeout_s: float = Field(
+        120.0, gt=0, description='Per-request timeout in seconds (type="openai").'
+    )
+
+    @model_validator(mode="after")
+    def _openai_needs_url(self) -> EngineConfig:
+        if self.type == "openai" and not self.base_url:
+            raise ValueError("engine.base_url is required when engine.type = 'openai'")
+        return self
 
 
 class DataConfig(_Section):
@@ -116,11 +138,14 @@ class RewardComponentConfig(_Section):
     # `schema` is an alias (pydantic reserves the name); the dump's `json_schema` also loads.
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
 
-    type: Literal["math", "format", "python", "overlong", "exact", "json_schema"] = Field(
+    type: Literal[
+        "math", "format", "python", "overlong", "exact", "json_schema", "tool_call_ast"
+    ] = Field(
         description="math: math-verify vs the answer; format: regex; python: your function; "
         "overlong: DAPO soft overlong penalty in [-1, 0]; exact: the completion (or its last "
         "\\boxed{}) equals the answer; json_schema: the completion (or its last ```json block) "
-        "is JSON valid against a schema."
+        "is JSON valid against a schema; tool_call_ast: the completion's tool calls match the "
+        "task's expected calls (BFCL AST rules, temper.rewards.tool_call_ast)."
     )
     weight: float = Field(1.0, description="Weight of this component in the total reward.")
     pattern: str | None = Field(None, description="Regex for type=format.")
@@ -148,6 +173,16 @@ class RewardComponentConfig(_Section):
     )
     schema_field: str | None = Field(
         None, description="For type=json_schema: the task column holding each task's schema."
+    )
+    ground_truth_field: str = Field(
+        "ground_truth",
+        description="For type=tool_call_ast: the task column holding the expected calls, BFCL "
+        "format [{function: {arg: [allowed values]}}].",
+    )
+    functions_field: str = Field(
+        "functions",
+        description="For type=tool_call_ast: the task column holding the function schemas "
+        "(BFCL or OpenAI format); optional per task, used for types and required args.",
     )
 
     @model_validator(mode="after")
@@ -210,6 +245,25 @@ class AlgoConfig(_Section):
     kl_coef: float = Field(0.0, ge=0, description="KL penalty vs the reference model; 0 = no ref.")
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus coefficient.")
+    off_policy_correction: Literal["none", "behaviour", "tis", "mis", "decoupled"] = Field(
+        "none",
+        description="Importance-sampling correction for stale or mismatched rollouts "
+        "(temper.algos.off_policy): none, behaviour (PPO around the engine's logprobs), "
+        "tis (truncated), mis (masked) or decoupled PPO.",
+    )
+    is_level: Literal["token", "sequence"] = Field(
+        "token", description="tis/mis: one importance ratio per token or per sequence."
+    )
+    is_cap: float = Field(2.0, gt=0, description="tis truncation / mis upper bound C.")
+    is_low: float = Field(0.0, ge=0, description="mis lower bound (ratios below are masked).")
+
+    @model_validator(mode="after")
+    def _is_band(self) -> AlgoConfig:
+        if self.is_low >= self.is_cap:
+            raise ValueError(
+                f"algo.is_low ({self.is_low}) must be below algo.is_cap ({self.is_cap})"
+            )
+        return self
 
 
 class TrainerConfig(_Section):
@@ -228,6 +282,24 @@ class TrainerConfig(_Section):
     precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 uses autocast.")
     ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
     mini_batches: int = Field(1, ge=1, description="Optimizer steps per pass.")
+    world_size: int = Field(
+        1,
+        ge=1,
+        le=1024,
+        description="Trainer processes. 1 trains in the run's process; N > 1 spawns N "
+        "FSDP2 ranks, each training on a shard of every mini-batch (docs/scaling.md).",
+    )
+    backend: Literal["gloo", "nccl"] | None = Field(
+        None,
+        description="torch.distributed backend for world_size > 1; default gloo on CPU, "
+        "nccl when CUDA is available.",
+    )
+    worker_timeout_s: float = Field(
+        1800.0,
+        gt=0,
+        description="With world_size > 1: the longest one trainer command (a step, a "
+        "checkpoint) may take before the run stops with an error.",
+    )
 
 
 class OrchestratorConfig(_Section):
@@ -255,6 +327,18 @@ class OrchestratorConfig(_Section):
         description="For mode=train_only: a run's trajectories/ folder; step N trains on "
         "step_N.jsonl (record every sample with log.trajectories_per_step).",
     )
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        le=64,
+        description="Asynchronous training: rollouts may run this many policy versions "
+        "ahead of the trainer (0 = synchronous).",
+    )
+    interrupt: Literal["continue", "abort"] = Field(
+        "continue",
+        description="Async: on a weight update, groups in flight continue with the new "
+        "weights (versions recorded per token) or are aborted and restarted.",
+    )
 
     @model_validator(mode="after")
     def _train_only_needs_source(self) -> OrchestratorConfig:
@@ -262,6 +346,8 @@ class OrchestratorConfig(_Section):
             raise ValueError(
                 "orchestrator.train_from is required when orchestrator.mode = 'train_only'"
             )
+        if self.max_staleness and self.mode != "train":
+            raise ValueError("orchestrator.max_staleness > 0 needs orchestrator.mode = 'train'")
         return self
 
 
@@ -278,6 +364,27 @@ class EvalConfig(_Section):
 class LogConfig(_Section):
     trajectories_per_step: int = Field(8, ge=0, description="Samples saved per step.")
     progress: bool = Field(True, description="Show the live progress bar.")
+    sinks: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
+        default_factory=list,
+        description="Metric sinks written next to metrics.jsonl (numeric scalars only). "
+        "Each needs its extra: pip install temper-rl[tensorboard|wandb|mlflow].",
+    )
+    wandb_project: str = Field("temper", min_length=1, description="W&B project name.")
+    wandb_entity: str | None = Field(None, description="W&B entity (team); None: your default.")
+    wandb_mode: Literal["offline", "online", "disabled"] = Field(
+        "offline",
+        description='W&B mode. "offline" writes the run locally (upload later with wandb sync).',
+    )
+    mlflow_tracking_uri: str | None = Field(
+        None, description="MLflow tracking URI; None: a file store at <run dir>/mlruns."
+    )
+    mlflow_experiment: str = Field("temper", min_length=1, description="MLflow experiment name.")
+    profile_step: int | None = Field(
+        None,
+        ge=1,
+        description="Record this training step with torch.profiler and write a Chrome trace "
+        "to <run dir>/profile/step_N.trace.json (None: no profiling).",
+    )
 
 
 class CheckpointConfig(_Section):

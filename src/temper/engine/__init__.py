@@ -1,8 +1,10 @@
 """temper.engine: generation engines behind one protocol (token ids in, token ids + logprobs out).
 
 `build_engine` picks an implementation by name: ``"native"`` (`NativeEngine`,
-the PyTorch engine with a slot KV cache and continuous batching) or ``"hf"``
-(`HFEngine`, Hugging Face ``model.generate``, the baseline).
+the PyTorch engine with a slot KV cache and continuous batching), ``"hf"``
+(`HFEngine`, Hugging Face ``model.generate``, the baseline) or ``"openai"``
+(`OpenAIEndpointEngine`, a remote OpenAI-compatible completions endpoint; no
+local model, no weight updates).
 """
 
 from __future__ import annotations
@@ -23,19 +25,29 @@ __all__ = [
     "build_engine",
 ]
 
-ENGINE_TYPES = ("native", "hf")
+ENGINE_TYPES = ("native", "hf", "openai")
 
 
 def build_engine(
-    kind: str, model: torch.nn.Module, tokenizer: Any | None = None, **opts: Any
+    kind: str, model: torch.nn.Module | None, tokenizer: Any | None = None, **opts: Any
 ) -> Engine:
     """Build the engine named ``kind`` around an in-memory HF model.
 
     ``opts`` go to the engine's constructor: for ``"native"`` ``max_slots``,
     ``max_context``, ``dtype``, ``max_prefill_tokens``, ``seed``; for ``"hf"``
-    ``max_context``. An unknown ``kind`` raises `ConfigError`; a model the
-    native engine cannot run raises `UnsupportedModelError`.
+    ``max_context``; for ``"openai"`` ``base_url`` (required), ``model_name``,
+    ``api_key``, ``timeout_s`` (``model`` is then None: nothing runs locally).
+    An unknown ``kind`` raises `ConfigError`; a model the native engine cannot
+    run raises `UnsupportedModelError`.
     """
+    if kind == "openai":
+        from temper.engine.openai_endpoint import OpenAIEndpointEngine
+
+        if not opts.get("base_url"):
+            raise ConfigError("engine.base_url is required when engine.type = 'openai'")
+        return OpenAIEndpointEngine(opts.pop("base_url"), tokenizer, **opts)
+    if model is None:
+        raise ConfigError(f"engine.type = {kind!r} needs a model")
     if kind == "native":
         from temper.engine.native import NativeEngine
 

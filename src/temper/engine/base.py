@@ -70,6 +70,9 @@ class SampleOutput:
     before temperature/top-k/top-p (i.e. the raw policy logprob).
     `policy_versions[i]` is the weight version that produced token i.
     `stop_reason` is the stop token id or stop string that ended the sample.
+    `retokenized` is True when the ids are not the sampled ones but the
+    re-encoding of returned text (an endpoint that does not return token ids);
+    such samples are fine to score, not to train on.
     """
 
     token_ids: list[int]
@@ -77,6 +80,7 @@ class SampleOutput:
     finish_reason: FinishReason
     policy_versions: list[int] = field(default_factory=list)
     stop_reason: int | str | None = None
+    retokenized: bool = False
 
 
 @dataclass

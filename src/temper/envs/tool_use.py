@@ -25,6 +25,7 @@ these tools before RL.
 from __future__ import annotations
 
 import ast
+import asyncio
 import hashlib
 import json
 import operator
@@ -197,15 +198,47 @@ def tools_for(task: Task, sandbox: Any = None) -> list[Tool]:
     return tools
 
 
-class ToolUseEnv(ToolEnv):
-    """One tool-use episode (see the module doc); a fresh instance per episode."""
+def tool_latency_s(rng: random.Random, low_ms: float, high_ms: float) -> float:
+    """A long-tailed latency in seconds: Pareto (shape 1) truncated to [low_ms, high_ms].
 
-    def __init__(self, task: Task, sandbox: Any = None, tool_timeout_s: float = 10.0) -> None:
+    Most calls take about ``low_ms``; a few take up to ``high_ms`` (for 50-500 ms
+    the median is about 91 ms and the mean about 128 ms).
+    """
+    u = rng.random()
+    return low_ms / (1.0 - u * (1.0 - low_ms / high_ms)) / 1000.0
+
+
+class ToolUseEnv(ToolEnv):
+    """One tool-use episode (see the module doc); a fresh instance per episode.
+
+    ``latency_ms = (low, high)`` makes every turn with tool calls wait a
+    long-tailed time (`tool_latency_s`), drawn from the episode seed, as remote
+    tools do; it exists to exercise asynchronous training.
+    """
+
+    def __init__(
+        self,
+        task: Task,
+        sandbox: Any = None,
+        tool_timeout_s: float = 10.0,
+        latency_ms: tuple[float, float] | None = None,
+    ) -> None:
         super().__init__(tools_for(task, sandbox), tool_timeout_s=tool_timeout_s)
         self._answer = str(task.answer)
+        self._latency = latency_ms
+        self._rng = random.Random(0)
 
     async def reset(self, task: Task, seed: int | None = None) -> list[Message]:
+        self._rng.seed(seed)
         return [{"role": "user", "content": str(task.prompt)}]
+
+    async def step(self, turn: AssistantTurn) -> StepResult:
+        result = await super().step(turn)
+        if self._latency is not None and not result.done:
+            delay = tool_latency_s(self._rng, *self._latency)
+            await asyncio.sleep(delay)
+            result.metrics["tool_latency_s"] = delay
+        return result
 
     async def answer(self, turn: AssistantTurn) -> StepResult:
         boxed = extract_boxed(turn.text)
@@ -243,17 +276,31 @@ def transcript(task: Task) -> list[Message]:
     return msgs
 
 
+def _latency_option(value: Any) -> tuple[float, float] | None:
+    if value is None:
+        return None
+    ok = isinstance(value, list | tuple) and len(value) == 2
+    ok = ok and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+    if not ok or not 0 < value[0] <= value[1]:
+        raise ConfigError(
+            f"env.options.tool_latency_ms must be [low, high] with 0 < low <= high, got {value!r}"
+        )
+    return float(value[0]), float(value[1])
+
+
 def spec(options: dict[str, Any], seed: int) -> EnvSpec:
     """Spec factory. Options: ``categories`` (list), ``eval_size`` (int, default 200),
-    ``tool_timeout_s`` (float, default 10)."""
+    ``tool_timeout_s`` (float, default 10), ``tool_latency_ms`` ([low, high], default
+    none: see `ToolUseEnv`)."""
     from temper.data.sampler import ProceduralSampler
 
-    allowed = {"categories", "eval_size", "tool_timeout_s"}
+    allowed = {"categories", "eval_size", "tool_timeout_s", "tool_latency_ms"}
     unknown = sorted(set(options) - allowed)
     if unknown:
         raise ConfigError(
             f"env.options: unknown option(s) {unknown} for tool_use; allowed {sorted(allowed)}"
         )
+    latency = _latency_option(options.get("tool_latency_ms"))
     tasks = ToolUseTasks(tuple(options.get("categories", CATEGORIES)))
     timeout = float(options.get("tool_timeout_s", 10.0))
     sandbox_box: list[Any] = []
@@ -267,7 +314,7 @@ def spec(options: dict[str, Any], seed: int) -> EnvSpec:
 
     def make_env(task: Task) -> ToolUseEnv:
         sandbox = shared_sandbox() if task.category == "python" else None
-        return ToolUseEnv(task, sandbox, timeout)
+        return ToolUseEnv(task, sandbox, timeout, latency)
 
     def close() -> None:
         for sandbox in sandbox_box:

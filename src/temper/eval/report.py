@@ -18,3 +18,6 @@ def print_eval_table(result: dict[str, Any]) -> None:
     for cat, vals in result.get("by_category", {}).items():
         table.add_row(cat, *(f"{vals[k]:.3f}" if k in vals else "-" for k in metric_keys))
     Console().print(table)
+    too_long = result.get("n_prompt_too_long")
+    if too_long:
+        print(f"note: {too_long} prompt(s) did not fit the model's context and count as wrong")

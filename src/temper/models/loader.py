@@ -1,8 +1,10 @@
 """Loading causal language models and their tokenizers from a directory.
 
-A model path is either the alias `tiny` / `builtin:tiny` (the built-in tiny
-chat model shipped in `temper/models/tiny/`) or a directory holding a Hugging
-Face causal LM (`config.json`, weights, tokenizer files). Anything else raises
+A model path is either an alias, `tiny` / `builtin:tiny` (the built-in tiny
+chat model shipped in `temper/models/tiny/`) or `tiny-rm` / `builtin:tiny-rm`
+(the built-in tiny reward model in `temper/models/tiny_rm/`, a one-label
+sequence classifier for `temper serve-rm`), or a directory holding a Hugging
+Face model (`config.json`, weights, tokenizer files). Anything else raises
 `ModelLoadError` with a one-line message naming the path.
 """
 
@@ -18,7 +20,13 @@ from temper import compute
 from temper.errors import ModelLoadError
 
 TINY_DIR = Path(__file__).resolve().parent / "tiny"
-ALIASES: dict[str, Path] = {"tiny": TINY_DIR, "builtin:tiny": TINY_DIR}
+TINY_RM_DIR = Path(__file__).resolve().parent / "tiny_rm"
+ALIASES: dict[str, Path] = {
+    "tiny": TINY_DIR,
+    "builtin:tiny": TINY_DIR,
+    "tiny-rm": TINY_RM_DIR,
+    "builtin:tiny-rm": TINY_RM_DIR,
+}
 
 
 def resolve_model_path(path: str | Path) -> Path:

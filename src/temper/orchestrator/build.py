@@ -82,6 +82,10 @@ def build_reward(cfg: RewardConfig, tokenizer: Any = None) -> Reward:
             r = ExactMatchReward()
         elif comp.type == "json_schema":
             r = JSONSchemaReward(comp.json_schema, schema_field=comp.schema_field)
+        elif comp.type == "tool_call_ast":
+            from temper.rewards.tool_call_ast import ToolCallASTReward
+
+            r = ToolCallASTReward(comp.ground_truth_field, comp.functions_field)
         else:
             assert comp.function is not None
             r = TRLRewardFunction(load_reward_function(comp.function))
@@ -100,9 +104,22 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def build_engine(cfg: Config, model_path: str, tokenizer: Any) -> Any:
+    """The configured engine; for type="openai" only the tokenizer is local."""
     from temper.engine import build_engine as make
     from temper.models import load_model
 
+    if cfg.engine.type == "openai":
+        from temper.engine.openai_endpoint import api_key_from_env
+
+        return make(
+            "openai",
+            None,
+            tokenizer,
+            base_url=cfg.engine.base_url,
+            model_name=cfg.engine.model_name,
+            api_key=api_key_from_env(cfg.engine.api_key_env),
+            timeout_s=cfg.engine.timeout_s,
+        )
     model = load_model(model_path, dtype=torch_dtype(cfg.model.dtype))
     opts = {"max_slots": cfg.engine.max_slots} if cfg.engine.type == "native" else {}
     return make(cfg.engine.type, model, tokenizer, **opts)

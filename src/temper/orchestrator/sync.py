@@ -22,13 +22,22 @@ from temper.algos import compute_advantages
 from temper.config import Config
 from temper.data.base import Task
 from temper.engine.base import SamplingParams
-from temper.errors import DataError
+from temper.errors import ConfigError, DataError
 from temper.eval.harness import evaluate
 from temper.models import load_model, load_tokenizer, resolve_model_path
+from temper.monitor.external_sinks import build_sinks, check_sinks
 from temper.monitor.health import Alert, HealthMonitor
+from temper.monitor.profile import profile_to, stage
 from temper.monitor.progress import RunProgress
 from temper.monitor.report import write_report
-from temper.monitor.sinks import JsonlSink, read_jsonl, truncate_jsonl_after_step
+from temper.monitor.sinks import (
+    FanOutSink,
+    JsonlSink,
+    numeric_scalars,
+    read_jsonl,
+    truncate_jsonl_after_step,
+)
+from temper.orchestrator.async_rollouts import AsyncRollouts
 from temper.orchestrator.build import build_engine, build_rollouts
 from temper.orchestrator.run_dir import RunDir
 from temper.rollout.multi_turn import episode_stats
@@ -114,7 +123,14 @@ class SyncOrchestrator:
     """Owns one run: its components, its loop and its run directory."""
 
     def __init__(self, cfg: Config) -> None:
+        if cfg.engine.type == "openai" and cfg.orchestrator.mode != "rollout_only":
+            # A remote endpoint cannot load our weights: refuse before loading anything.
+            raise ConfigError(
+                "engine.type = 'openai' cannot train (the endpoint takes no weight updates); "
+                "use it with temper eval or orchestrator.mode = 'rollout_only'"
+            )
         self.cfg = cfg
+        _check_log_config(cfg)
         if cfg.run.threads:
             compute.set_threads(cfg.run.threads)
         self.run_dir = RunDir.prepare(cfg)
@@ -144,10 +160,14 @@ class SyncOrchestrator:
         self._check_prompts_fit()
         if ckpts:
             compute.run(self._restore, ckpts[-1])
-        self.metrics = JsonlSink(self.run_dir.metrics)
+        sinks = build_sinks(
+            cfg.log, self.run_dir.path, cfg.run.name, cfg.model_dump(mode="json"), self.start_step
+        )
+        self.metrics = FanOutSink(JsonlSink(self.run_dir.metrics), sinks)
         self.events = JsonlSink(self.run_dir.events)
         self.health = HealthMonitor(cfg.health)
         self._checkpointed = -1
+        self.async_rollouts: AsyncRollouts | None = None
 
     def _check_prompts_fit(self) -> None:
         """Fail before any work if a dataset prompt cannot fit in the context.
@@ -196,6 +216,8 @@ class SyncOrchestrator:
             seed=self.cfg.run.seed + 7919,
         )
         self.run_dir.write_eval(step, result)
+        scalars = {f"eval/{k}": v for k, v in numeric_scalars(result).items()}
+        self.metrics.write_extras({"step": step, **scalars})
         return result
 
     async def train_step(self, step: int) -> dict[str, Any]:
@@ -205,6 +227,8 @@ class SyncOrchestrator:
         mode = cfg.orchestrator.mode
         if mode == "train_only":
             groups, rollout_stats = load_recorded_groups(cfg.orchestrator.train_from, step)
+        elif self.async_rollouts is not None:
+            groups, rollout_stats = await self.async_rollouts.take(step)
         else:
             tasks: list[Task] = self.sampler.sample(cfg.orchestrator.prompts_per_step)
             groups, rollout_stats = await self.rollouts.source.groups(
@@ -214,16 +238,25 @@ class SyncOrchestrator:
         failures = int(rollout_stats["reward_errors"])
         t2 = time.perf_counter()
         release = getattr(self.engine, "release_memory", None)
-        if release is not None and cfg.engine.release_memory_during_train:
+        # Async: the engine keeps generating while the trainer steps, so it keeps its cache.
+        if (
+            release is not None
+            and cfg.engine.release_memory_during_train
+            and not self.async_rollouts
+        ):
             release()
         kept, dropped = assign_advantages(
             groups, cfg.algo.advantage, cfg.orchestrator.drop_zero_variance_groups
         )
         train = bool(kept) and mode != "rollout_only"
-        train_stats = await compute.arun(self.trainer.train_step, kept) if train else {}
+        with stage("train"):
+            train_stats = await compute.arun(self.trainer.train_step, kept) if train else {}
         t3 = time.perf_counter()
         if train:
-            self.engine.update_weights(self.trainer.engine_state_dict(), version=step)
+            with stage("weight_sync"):
+                self.engine.update_weights(self.trainer.engine_state_dict(), version=step)
+            if self.async_rollouts is not None:
+                self.async_rollouts.weights_updated(step)
         t4 = time.perf_counter()
         m: dict[str, Any] = {"step": step, **rollout_metrics(flat), **train_stats}
         m.update(
@@ -241,6 +274,9 @@ class SyncOrchestrator:
         # Staleness: the policy version trained on minus the version that sampled each token.
         sampled = [v for t in flat for v, mask in zip(t.versions, t.loss_mask, strict=True) if mask]
         m["staleness_max"] = float(max((version_before - v for v in sampled), default=0))
+        m["staleness_mean"] = sum(version_before - v for v in sampled) / max(len(sampled), 1)
+        if self.async_rollouts is not None:
+            m.update(self.async_rollouts.metrics())
         m["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         if cfg.env.enabled:
             m.update({f"env/{k}": v for k, v in episode_stats(flat).items()})
@@ -279,24 +315,13 @@ class SyncOrchestrator:
                 progress.log(_eval_line(0, last_eval))
                 self.health.observe_eval(0, last_eval.get("accuracy", 0.0))
             step = self.start_step
-            for step in range(self.start_step + 1, steps + 1):
-                m = await self.train_step(step)
-                self.metrics.write(m)
-                progress.update(step, m)
-                alerts = self.health.check(step, m)
-                if cfg.eval.every and step % cfg.eval.every == 0 and step != steps:
-                    last_eval = await self.evaluate(step)
-                    progress.log(_eval_line(step, last_eval))
-                    alerts += self.health.observe_eval(step, last_eval.get("accuracy", 0.0))
-                if self._raise_alerts(alerts, step, progress):
-                    break
-                if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
-                    self.checkpoint(step)
-                budget = cfg.orchestrator.max_seconds
-                if budget and time.perf_counter() - started > budget:
-                    self.events.write({"step": step, "kind": "time_budget_reached"})
-                    progress.log(f"time budget of {budget:.0f}s reached at step {step}")
-                    break
+            self._start_async()
+            try:
+                step, mid_eval = await self._loop(progress, started)
+                last_eval = mid_eval or last_eval
+            finally:
+                if self.async_rollouts is not None:
+                    await self.async_rollouts.close()
             if cfg.eval.at_end and step > self.start_step:
                 last_eval = await self.evaluate(step)
                 progress.log(_eval_line(step, last_eval))
@@ -304,6 +329,62 @@ class SyncOrchestrator:
                 self.checkpoint(step)
         write_report(self.run_dir.path)
         return last_eval
+
+    def _start_async(self) -> None:
+        """Start background rollouts when `orchestrator.max_staleness` > 0."""
+        o = self.cfg.orchestrator
+        if not o.max_staleness:
+            return
+        self.async_rollouts = AsyncRollouts(
+            self.rollouts.source,
+            lambda: self.sampler.sample(1)[0],
+            self._sampling(),
+            prompts_per_step=o.prompts_per_step,
+            max_staleness=o.max_staleness,
+            interrupt=o.interrupt,
+            seed=self.cfg.run.seed * 1_000_003 + self.start_step * 100_000,
+            version=lambda: self.engine.version,
+        )
+        self.async_rollouts.start(self.start_step + 1)
+
+    async def _loop(self, progress: RunProgress, started: float) -> tuple[int, dict[str, Any]]:
+        """Steps from `start_step` + 1 on; returns the last step run and the last eval."""
+        cfg = self.cfg
+        steps = cfg.orchestrator.steps
+        last_eval: dict[str, Any] = {}
+        step = self.start_step
+        for step in range(self.start_step + 1, steps + 1):
+            m = await self._step(step, progress)
+            self.metrics.write(m)
+            progress.update(step, m)
+            alerts = self.health.check(step, m)
+            if cfg.eval.every and step % cfg.eval.every == 0 and step != steps:
+                last_eval = await self.evaluate(step)
+                progress.log(_eval_line(step, last_eval))
+                alerts += self.health.observe_eval(step, last_eval.get("accuracy", 0.0))
+            if self._raise_alerts(alerts, step, progress):
+                break
+            if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
+                self.checkpoint(step)
+            budget = cfg.orchestrator.max_seconds
+            if budget and time.perf_counter() - started > budget:
+                self.events.write({"step": step, "kind": "time_budget_reached"})
+                progress.log(f"time budget of {budget:.0f}s reached at step {step}")
+                break
+        return step, last_eval
+
+    async def _step(self, step: int, progress: RunProgress) -> dict[str, Any]:
+        """`train_step`, under torch.profiler when it is `log.profile_step`."""
+        if step != self.cfg.log.profile_step:
+            return await self.train_step(step)
+        path = self.run_dir.path / "profile" / f"step_{step:06d}.trace.json"
+        with profile_to(path) as all_threads, stage("step"):
+            m = await self.train_step(step)
+        self.events.write(
+            {"step": step, "kind": "profile", "path": str(path), "all_threads": all_threads}
+        )
+        progress.log(f"profile of step {step}: {path} (open in https://ui.perfetto.dev)")
+        return m
 
     def _raise_alerts(self, alerts: list[Alert], step: int, progress: RunProgress) -> bool:
         """Log ``alerts``; on a ``stop`` action checkpoint and return True (stop the run)."""
@@ -322,6 +403,17 @@ class SyncOrchestrator:
         self.events.close()
         await self.engine.close()
         self.rollouts.close()
+
+
+def _check_log_config(cfg: Config) -> None:
+    """Fail before any work on a sink whose package is missing or an unreachable profile step."""
+    check_sinks(cfg.log.sinks)
+    profile_step = cfg.log.profile_step
+    if profile_step is not None and profile_step > cfg.orchestrator.steps:
+        raise ConfigError(
+            f"log.profile_step={profile_step} is past the last step "
+            f"(orchestrator.steps={cfg.orchestrator.steps})"
+        )
 
 
 def _eval_line(step: int, result: dict[str, Any]) -> str:

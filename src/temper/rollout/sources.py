@@ -26,6 +26,7 @@ from temper.data.base import Task
 from temper.engine.base import Engine, SamplingParams
 from temper.envs.base import EpisodeLimits
 from temper.envs.registry import EnvSpec
+from temper.monitor.profile import stage
 from temper.rewards.base import Reward, RewardInput
 from temper.rollout.multi_turn import run_episodes
 from temper.rollout.scoring import score_trajectories
@@ -53,10 +54,12 @@ class SingleTurnRollouts:
         self, tasks: list[Task], params: SamplingParams, seed: int | None = None
     ) -> tuple[Groups, dict[str, float]]:
         t0 = time.perf_counter()
-        groups = await rollout_groups(self.engine, self.renderer, tasks, params, seed=seed)
+        with stage("generate"):
+            groups = await rollout_groups(self.engine, self.renderer, tasks, params, seed=seed)
         t1 = time.perf_counter()
         by_id = {t.id: t for t in tasks}
-        failures = await score_trajectories(self.reward, by_id, [t for g in groups for t in g])
+        with stage("reward"):
+            failures = await score_trajectories(self.reward, by_id, [t for g in groups for t in g])
         stats = {
             "time_generate_s": t1 - t0,
             "time_reward_s": time.perf_counter() - t1,
@@ -84,20 +87,22 @@ class EpisodeRollouts:
         self, tasks: list[Task], params: SamplingParams, seed: int | None = None
     ) -> tuple[Groups, dict[str, float]]:
         t0 = time.perf_counter()
-        groups = await run_episodes(
-            self.engine,
-            self.spec.make_env,
-            tasks,
-            self.tokenizer,
-            replace(params, n=1),
-            self.limits,
-            seed,
-            group_size=params.n,
-            max_concurrency=self.max_concurrency,
-        )
+        with stage("generate"):  # env steps run inside the episodes, so they count here
+            groups = await run_episodes(
+                self.engine,
+                self.spec.make_env,
+                tasks,
+                self.tokenizer,
+                replace(params, n=1),
+                self.limits,
+                seed,
+                group_size=params.n,
+                max_concurrency=self.max_concurrency,
+            )
         t1 = time.perf_counter()
         flat = [t for g in groups for t in g]
-        failures = await self._score(tasks, flat) if self.reward is not None else 0
+        with stage("reward"):
+            failures = await self._score(tasks, flat) if self.reward is not None else 0
         for t in flat:
             success = t.env_info.get("success")
             if success is not None:

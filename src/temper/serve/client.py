@@ -53,6 +53,8 @@ async def post_json(http: httpx.AsyncClient, url: str, payload: dict[str, Any]) 
 class ChatClient:
     """Settings and counters for chat-completion calls; `session()` opens connections.
 
+    ``path`` is the route the httpx transport posts to (default
+    ``/chat/completions``; the endpoint engine uses ``/completions``).
     ``transport="openai"`` sends through the ``openai`` package's async client
     (its own retries off), otherwise through httpx. ``concurrency`` bounds the
     requests in flight per session. ``attempts`` counts every request sent,
@@ -70,6 +72,7 @@ class ChatClient:
         backoff_s: float = 0.5,
         max_backoff_s: float = 8.0,
         concurrency: int = 8,
+        path: str = "/chat/completions",
     ) -> None:
         if transport not in ("httpx", "openai"):
             raise ValueError(f"transport must be 'httpx' or 'openai', got {transport!r}")
@@ -83,6 +86,8 @@ class ChatClient:
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self.concurrency = concurrency
+        # Where httpx sessions POST (e.g. "/completions"); the openai transport is chat-only.
+        self.path = path
         self.attempts = 0
 
     @contextlib.asynccontextmanager
@@ -118,7 +123,7 @@ class ChatClient:
         else:
             headers = {"Authorization": f"Bearer {self.api_key}"}
             client = httpx.AsyncClient(headers=headers, timeout=backstop)
-            url = f"{self.base_url}/chat/completions"
+            url = f"{self.base_url}{self.path}"
 
             async def once(payload: dict[str, Any]) -> dict[str, Any]:
                 return await post_json(client, url, payload)

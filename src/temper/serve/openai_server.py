@@ -202,6 +202,7 @@ class OpenAIServer:
                 }
                 if req.return_token_ids:
                     choice["token_ids"] = list(sample.token_ids)
+                    choice["stop_reason"] = sample.stop_reason  # vLLM's field: id or string
                 choices.append(choice)
         return self._envelope("cmpl", "text_completion", choices, list(results))
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from collections import deque
 from collections.abc import AsyncIterator
@@ -29,7 +30,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ConfigDict
 
 from temper import compute
 from temper.errors import ModelLoadError, TemperError
@@ -43,28 +43,62 @@ class BatcherClosed(Exception):
     """The batcher shut down before (or while) scoring the pair."""
 
 
-class Pair(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    prompt: str
-    response: str
+def _bad(where: str, msg: str) -> ValueError:
+    return ValueError(f"{where}: {msg}")
 
 
-class ScoreRequest(BaseModel):
-    """The body of ``POST /score``."""
+def _pair(i: int, item: Any) -> tuple[str, str]:
+    if not isinstance(item, dict):
+        raise _bad(f"pairs.{i}", "Input should be an object")
+    for key in ("prompt", "response"):
+        if key not in item:
+            raise _bad(f"pairs.{i}.{key}", "Field required")
+        if not isinstance(item[key], str):
+            raise _bad(f"pairs.{i}.{key}", "Input should be a valid string")
+    extra = next((k for k in item if k not in ("prompt", "response")), None)
+    if extra is not None:
+        raise _bad(f"pairs.{i}.{extra}", "Extra inputs are not permitted")
+    return item["prompt"], item["response"]
 
-    model_config = ConfigDict(extra="forbid")
-    pairs: list[Pair]
+
+def parse_score_request(body: bytes) -> list[tuple[str, str]]:
+    """The (prompt, response) pairs of a ``POST /score`` body.
+
+    The body must be ``{"pairs": [{"prompt": str, "response": str}, ...]}`` and
+    nothing else. Raises ValueError with a one-line ``"field: problem"``
+    message. Plain checks rather than a pydantic model: this runs on the event
+    loop once per request, and under load that loop is the server's bottleneck.
+    """
+    try:
+        data = json.loads(body)
+    except ValueError as exc:
+        raise _bad("body", f"not valid JSON ({str(exc).splitlines()[0]})") from None
+    if not isinstance(data, dict):
+        raise _bad("body", "expected a JSON object")
+    extra = next((k for k in data if k != "pairs"), None)
+    if extra is not None:
+        raise _bad(str(extra), "Extra inputs are not permitted")
+    if "pairs" not in data:
+        raise _bad("pairs", "Field required")
+    pairs = data["pairs"]
+    if not isinstance(pairs, list):
+        raise _bad("pairs", "Input should be a valid list")
+    return [_pair(i, item) for i, item in enumerate(pairs)]
 
 
 def load_reward_model(path: str | Path) -> tuple[Any, Any]:
     """(model, tokenizer) of a one-label sequence-classification model at ``path``.
 
+    ``path`` is a directory or a built-in alias (``tiny-rm``: the shipped tiny
+    reward model, see `temper.models.loader`).
     The model is loaded on the compute thread, in eval mode; a missing pad token
     falls back to EOS so batches can be padded.
     """
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    directory = Path(path).expanduser()
+    from temper.models.loader import ALIASES
+
+    directory = ALIASES.get(str(path)) or Path(path).expanduser()
     if not directory.is_dir():
         raise ModelLoadError(
             f"reward model path {str(path)!r} does not exist or is not a directory"
@@ -185,10 +219,16 @@ class RewardModelBatcher:
         loop = asyncio.get_running_loop()
         now = time.monotonic()
         items = [_Item(p, r, loop.create_future(), now) for p, r in pairs]
+        was_empty = not self._items
         self._items.extend(items)
         assert self._wake is not None
-        self._wake.set()
+        # Wake the worker only when it has something new to decide: the first
+        # pair (start the wait) or a full batch (stop waiting). Not per request.
+        if was_empty or len(self._items) >= self.max_batch_size:
+            self._wake.set()
         try:
+            if len(items) == 1:  # the common case; gather would add a task per request
+                return [await items[0].future]
             return list(await asyncio.gather(*(it.future for it in items)))
         except BaseException:
             for it in items:  # a cancelled or failed request: drop its other pairs too
@@ -224,7 +264,8 @@ class RewardModelBatcher:
                 break
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), remaining)
+                async with asyncio.timeout(remaining):  # no extra task, unlike wait_for
+                    await self._wake.wait()
         batch: list[_Item] = []
         while self._items and len(batch) < self.max_batch_size:
             it = self._items.popleft()
@@ -263,8 +304,7 @@ class RewardModelBatcher:
 def create_app(batcher: RewardModelBatcher, model_name: str = "reward-model") -> Any:
     """The FastAPI app serving ``batcher`` (closed when the app shuts down)."""
     from fastapi import FastAPI, Request
-    from fastapi.exceptions import RequestValidationError
-    from fastapi.responses import JSONResponse
+    from fastapi.responses import JSONResponse, Response
     from starlette.exceptions import HTTPException
 
     def error(status: int, message: str, kind: str) -> JSONResponse:
@@ -279,13 +319,6 @@ def create_app(batcher: RewardModelBatcher, model_name: str = "reward-model") ->
             await batcher.close()
 
     app = FastAPI(title="temper reward model", lifespan=lifespan)
-
-    @app.exception_handler(RequestValidationError)
-    async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
-        msg = first.get("msg", "invalid request")
-        return error(400, f"bad request: {where}: {msg}", "invalid_request")
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
@@ -302,18 +335,25 @@ def create_app(batcher: RewardModelBatcher, model_name: str = "reward-model") ->
             "scored": batcher.scored,
         }
 
-    @app.post("/score", response_model=None)
-    async def score(body: ScoreRequest) -> dict[str, Any] | JSONResponse:
+    async def score(request: Request) -> Response:
+        # A plain Starlette endpoint (no FastAPI body model or response
+        # encoding): the per-request work on the event loop is what limits
+        # throughput once batching makes the forwards cheap.
         try:
-            scores = await batcher.score([(p.prompt, p.response) for p in body.pairs])
+            pairs = parse_score_request(await request.body())
+        except ValueError as exc:
+            return error(400, f"bad request: {exc}", "invalid_request")
+        try:
+            scores = await batcher.score(pairs)
         except Overloaded as exc:
             return error(503, str(exc), "overloaded")
         except BatcherClosed as exc:
             return error(503, str(exc), "shutting_down")
         except RuntimeError as exc:
             return error(500, str(exc), "server_error")
-        return {"scores": scores}
+        return Response(json.dumps({"scores": scores}), media_type="application/json")
 
+    app.router.add_route("/score", score, methods=["POST"])
     return app
 
 

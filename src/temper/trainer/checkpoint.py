@@ -5,7 +5,13 @@ A checkpoint is a directory `checkpoints/step_N/` holding:
   tokenizer files), so `model.path` can point at it directly;
 - `trainer.pt`: optimizer and scheduler state;
 - `state.json`: step, policy version and the sampler state;
-- `rng.pt`: python, numpy and torch RNG states.
+- `rng.pt`: python, numpy and torch RNG states;
+- `dcp/` (world_size > 1 only): the model and optimizer as each trainer rank
+  holds them, written with `torch.distributed.checkpoint` (DCP). `trainer.pt`
+  then holds ``{"format": "dcp", "scheduler": ...}`` instead of the optimizer.
+  DCP reshards on load, so such a checkpoint resumes on any world size,
+  including 1 (`restore_trainer`); a world-size-1 checkpoint resumes on N
+  ranks through the full optimizer state (`temper.trainer.distributed`).
 
 It is written to a temporary sibling and renamed into place, so a crash never
 leaves a half-written `step_N`. Older checkpoints beyond `keep` are removed.
@@ -18,6 +24,7 @@ import os
 import random
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +32,7 @@ import numpy as np
 import torch
 
 STATE_FILE = "state.json"
+DCP_DIR = "dcp"
 
 
 def _fsync_tree(path: Path) -> None:
@@ -56,8 +64,13 @@ def save_checkpoint(
     trainer_state: dict[str, Any],
     state: dict[str, Any],
     keep: int,
+    write_extra: Callable[[Path], None] | None = None,
 ) -> Path:
-    """Write `ckpt_root/step_{step}` atomically and prune old checkpoints."""
+    """Write `ckpt_root/step_{step}` atomically and prune old checkpoints.
+
+    ``write_extra(tmp_dir)`` adds files before the rename (the sharded trainer's
+    DCP state), so they are part of the same atomic checkpoint.
+    """
     ckpt_root.mkdir(parents=True, exist_ok=True)
     final = ckpt_root / f"step_{step}"
     tmp = Path(tempfile.mkdtemp(prefix=f".step_{step}.", dir=ckpt_root))
@@ -66,6 +79,8 @@ def save_checkpoint(
         tokenizer.save_pretrained(tmp)
         torch.save(trainer_state, tmp / "trainer.pt")
         torch.save(rng_state(), tmp / "rng.pt")
+        if write_extra is not None:
+            write_extra(tmp)
         (tmp / STATE_FILE).write_text(json.dumps({"step": step, **state}, indent=1))
         _fsync_tree(tmp)
         if final.exists():
@@ -93,3 +108,38 @@ def load_checkpoint_state(path: Path) -> tuple[dict[str, Any], dict[str, Any], d
     trainer_state = torch.load(path / "trainer.pt", weights_only=False)
     rng = torch.load(path / "rng.pt", weights_only=False)
     return state, trainer_state, rng
+
+
+def restore_trainer(trainer: Any, trainer_state: dict[str, Any], ckpt: Path) -> None:
+    """Load one checkpoint's trainer state into ``trainer``, whatever world size wrote it.
+
+    A trainer with its own ``load_checkpoint`` (the sharded one) does the work;
+    a one-process `PolicyTrainer` reads a DCP checkpoint through
+    `load_dcp_unsharded` and a plain one through its ``load_state_dict``.
+    """
+    load = getattr(trainer, "load_checkpoint", None)
+    if load is not None:
+        load(ckpt, trainer_state)
+    elif trainer_state.get("format") == "dcp":
+        load_dcp_unsharded(trainer.model, trainer.optimizer, ckpt / DCP_DIR)
+        trainer.scheduler.load_state_dict(trainer_state["scheduler"])
+    else:
+        trainer.load_state_dict(trainer_state)
+
+
+def load_dcp_unsharded(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Path
+) -> None:
+    """Load a DCP model + optimizer checkpoint, written by any number of ranks, in one process.
+
+    Needs no process group: DCP assembles each tensor from the shards on disk.
+    """
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=str(path))
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+    )

@@ -9,11 +9,18 @@ normalised by the mini-batch's global token/sequence counts so accumulation
 equals one big batch.
 
 It does not generate, score or talk to the engine: the orchestrator does that.
+
+A few small methods (`_shard`, `_plan`, `_collate`, `_reduce_sums`,
+`_clip_grads`) are the seams a data-parallel trainer overrides
+(`temper.trainer.dist_worker`): which sequences this process trains on, how
+its micro-batches line up with other processes', and how sums and the gradient
+norm are combined. Here they keep everything local.
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 from collections import defaultdict
 
 import torch
@@ -25,11 +32,34 @@ from temper.algos import (
     ppo_clip_loss,
     token_logprobs,
 )
+from temper.algos.off_policy import importance_weights
 from temper.config.schema import AlgoConfig, TrainerConfig
 from temper.rollout.trajectory import Trajectory
 from temper.trainer.batching import MicroBatch, collate, plan_micro_batches
 from temper.trainer.forward import response_logits
 from temper.trainer.optim import build_optimizer
+
+#: Importance-ratio statistics logged each step: token-weighted means and maxima.
+_RATIO_MEANS = (
+    "ratio_mean",
+    "is_ratio_mean",
+    "is_weight_mean",
+    "is_log_ratio_abs_mean",
+    "is_truncated_frac",
+    "is_masked_frac",
+)
+_RATIO_MAXES = ("ratio_max", "is_ratio_max")
+
+
+def _accumulate_ratio_stats(acc: dict[str, float], stats: dict, n_tok: float) -> None:
+    """Add a micro-batch's ratio stats to ``acc`` (means weighted by its tokens)."""
+    if not n_tok:
+        return
+    for key in _RATIO_MEANS:
+        if key in stats:
+            acc[key] += float(stats[key]) * n_tok
+    for key in _RATIO_MAXES:
+        acc[key] = max(acc.get(key, 0.0), float(stats[key]))
 
 
 class PolicyTrainer:
@@ -65,34 +95,59 @@ class PolicyTrainer:
 
     @torch.no_grad()
     def _logprobs_no_grad(
-        self, model: torch.nn.Module, trajs: list[Trajectory]
+        self, model: torch.nn.Module, trajs: list[Trajectory], rows: list[int] | None = None
     ) -> dict[int, torch.Tensor]:
-        """Per-trajectory response-token logprobs [R] (padding dropped later by masks)."""
+        """Response-token logprobs [R] of ``trajs[i]`` for i in ``rows`` (default: all)."""
+        rows = list(range(len(trajs))) if rows is None else rows
         result: dict[int, torch.Tensor] = {}
-        for idx in plan_micro_batches(trajs, self.cfg.micro_batch_tokens):
-            mb = collate(trajs, idx, self.pad_id)
+        for idx in self._plan([trajs[i] for i in rows]):
+            batch_rows = [rows[j] for j in idx]
+            mb = self._collate(trajs, batch_rows)
             lp = token_logprobs(self._forward_logits(model, mb), mb.targets)
-            for row, i in enumerate(idx):
+            for row, i in enumerate(batch_rows):
                 result[i] = lp[row]
         return result
+
+    # Seams for data parallelism (see the module docstring).
+    def _shard(self, chunk: list[int]) -> list[int]:
+        """The rows of a mini-batch (indices into the step's trajectories) trained here."""
+        return chunk
+
+    def _plan(self, trajs: list[Trajectory]) -> list[list[int]]:
+        """Micro-batches of ``trajs`` (lists of positions in it)."""
+        return plan_micro_batches(trajs, self.cfg.micro_batch_tokens)
+
+    def _collate(self, trajs: list[Trajectory], rows: list[int]) -> MicroBatch:
+        return collate(trajs, rows, self.pad_id)
+
+    def _reduce_sums(self, acc: dict[str, float]) -> dict[str, float]:
+        """Combine per-process metric sums (``*_max`` keys by max); local: unchanged."""
+        return acc
+
+    def _clip_grads(self) -> float:
+        """Clip gradients to ``grad_clip`` by global norm; returns the norm before clipping."""
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        return float(norm)
 
     def train_step(self, trajs: list[Trajectory]) -> dict[str, float]:
         """Update the policy on `trajs`; returns averaged metrics."""
         if not trajs:
             return {}
         self.model.train()
+        order = list(range(len(trajs)))
+        chunks = [order[k :: self.cfg.mini_batches] for k in range(self.cfg.mini_batches)]
+        chunks = [c for c in chunks if c]
+        mine = sorted({i for c in chunks for i in self._shard(c)})
         needs_old = self.cfg.ppo_epochs > 1 or self.cfg.mini_batches > 1
-        old = self._logprobs_no_grad(self.model, trajs) if needs_old else None
-        ref = self._logprobs_no_grad(self.ref_model, trajs) if self.ref_model is not None else None
+        old = self._logprobs_no_grad(self.model, trajs, mine) if needs_old else None
+        ref = None
+        if self.ref_model is not None:
+            ref = self._logprobs_no_grad(self.ref_model, trajs, mine)
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, float] = defaultdict(float)
-        order = list(range(len(trajs)))
         for _epoch in range(self.cfg.ppo_epochs):
-            for k in range(self.cfg.mini_batches):
-                chunk = order[k :: self.cfg.mini_batches]
-                if not chunk:
-                    continue
-                stats = self._optimizer_step([trajs[i] for i in chunk], chunk, old, ref)
+            for chunk in chunks:
+                stats = self._optimizer_step(trajs, chunk, old, ref)
                 for name, (value, weight) in stats.items():
                     sums[name] += value * weight
                     counts[name] += weight
@@ -101,83 +156,126 @@ class PolicyTrainer:
     def _optimizer_step(
         self,
         trajs: list[Trajectory],
-        global_idx: list[int],
+        chunk: list[int],
         old: dict[int, torch.Tensor] | None,
         ref: dict[int, torch.Tensor] | None,
     ) -> dict[str, tuple[float, float]]:
-        """One optimizer step over `trajs`; stats map name -> (value, weight)."""
-        total_tokens = float(sum(t.num_policy_tokens for t in trajs))
-        total_seqs = float(len(trajs))
-        stats: dict[str, tuple[float, float]] = {}
+        """One optimizer step over ``trajs[i] for i in chunk``; stats map name -> (value, weight).
+
+        The loss is normalised by the whole mini-batch's token and sequence counts,
+        whichever rows this process runs, so gradients add up across micro-batches
+        and processes to the gradient of the whole mini-batch.
+        """
+        batch = [trajs[i] for i in chunk]
+        totals = (float(sum(t.num_policy_tokens for t in batch)), float(len(batch)))
         acc: dict[str, float] = defaultdict(float)
         self.optimizer.zero_grad(set_to_none=True)
-        for idx in plan_micro_batches(trajs, self.cfg.micro_batch_tokens):
-            mb = collate(trajs, idx, self.pad_id)
-            logits = self._forward_logits(self.model, mb)
-            logprobs = token_logprobs(logits, mb.targets)
-            fresh = [
-                (row, trajs[i]) for row, i in enumerate(idx) if trajs[i].trainer_logprobs is None
-            ]
-            if fresh:  # first pass: the weights the engine sampled with; one copy to host
-                rows = logprobs.detach().tolist()
-                for row, t in fresh:
-                    t.trainer_logprobs = rows[row][: len(t.response_ids)]
-            if old is not None:
-                old_lp = _stack_rows([old[global_idx[i]] for i in idx], logprobs.shape)
-            else:
-                old_lp = logprobs.detach()
-            per_token, clip_stats = ppo_clip_loss(
-                logprobs,
-                old_lp,
-                mb.advantages,
-                mb.loss_mask,
-                clip_low=self.algo.clip_low,
-                clip_high=self.algo.clip_high,
-                dual_clip=self.algo.dual_clip,
-            )
-            mask = mb.loss_mask
-            n_tok = float(mask.sum())
-            if ref is not None and self.algo.kl_coef > 0:
-                ref_lp = _stack_rows([ref[global_idx[i]] for i in idx], logprobs.shape)
-                kl = kl_estimate(logprobs, ref_lp, kind=self.algo.kl_estimator)
-                per_token = per_token + self.algo.kl_coef * kl
-                acc["kl"] += float((kl.detach() * mask).sum())
-            if self.algo.entropy_coef > 0:
-                ent = entropy_from_logits(logits)
-                per_token = per_token - self.algo.entropy_coef * ent
-            else:
-                with torch.no_grad():
-                    ent = entropy_from_logits(logits)
-            loss = aggregate_loss(
-                per_token,
-                mask,
-                self.algo.loss_agg,
-                total_tokens=total_tokens,
-                total_seqs=total_seqs,
-            )
+        mine = self._shard(chunk)
+        for idx in self._plan([trajs[i] for i in mine]):
+            rows = [mine[j] for j in idx]
+            loss = self._micro_batch_loss(trajs, rows, old, ref, totals, acc)
             loss.backward()
-            acc["loss"] += float(loss.detach())
-            acc["entropy"] += float((ent.detach() * mask).sum())
-            diff = (logprobs.detach() - mb.behaviour_logprobs).abs() * mask
-            acc["mismatch_abs"] += float(diff.sum())
-            acc["mismatch_max"] = max(acc["mismatch_max"], float(diff.max()) if n_tok else 0.0)
-            for key in ("clip_frac_low", "clip_frac_high"):
-                acc[key] += float(clip_stats[key]) * n_tok
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        acc = self._reduce_sums(dict(acc))
+        grad_norm = self._clip_grads()
         lr = self.scheduler.get_last_lr()[0]
-        if torch.isfinite(grad_norm):
+        if math.isfinite(grad_norm):
             self.optimizer.step()
         self.scheduler.step()
-        w = max(total_tokens, 1.0)
-        stats["loss"] = (acc["loss"], 1.0)
-        stats["grad_norm"] = (float(grad_norm), 1.0)
-        stats["lr"] = (lr, 1.0)
-        stats["entropy"] = (acc["entropy"] / w, w)
-        stats["train_infer_logprob_diff"] = (acc["mismatch_abs"] / w, w)
-        stats["train_infer_logprob_diff_max"] = (acc["mismatch_max"], 1.0)
-        stats["clip_frac_low"] = (acc["clip_frac_low"] / w, w)
-        stats["clip_frac_high"] = (acc["clip_frac_high"] / w, w)
+        return self._step_stats(acc, totals[0], grad_norm, lr, ref is not None)
+
+    def _micro_batch_loss(
+        self,
+        trajs: list[Trajectory],
+        rows: list[int],
+        old: dict[int, torch.Tensor] | None,
+        ref: dict[int, torch.Tensor] | None,
+        totals: tuple[float, float],
+        acc: dict[str, float],
+    ) -> torch.Tensor:
+        """The loss of micro-batch ``rows`` (summable across micro-batches); adds to ``acc``."""
+        mb = self._collate(trajs, rows)
+        logits = self._forward_logits(self.model, mb)
+        logprobs = token_logprobs(logits, mb.targets)
+        fresh = [(row, trajs[i]) for row, i in enumerate(rows) if trajs[i].trainer_logprobs is None]
+        if fresh:  # first pass: the weights the engine sampled with; one copy to host
+            host = logprobs.detach().tolist()
+            for row, t in fresh:
+                t.trainer_logprobs = host[row][: len(t.response_ids)]
+        if old is not None:
+            old_lp = _stack_rows([old[i] for i in rows], logprobs)
+        else:
+            old_lp = logprobs.detach()
+        # "behaviour": PPO around the engine's logprobs; otherwise around the proximal
+        # policy, with importance weights pi_prox / mu (temper.algos.off_policy).
+        correction = self.algo.off_policy_correction
+        anchor = mb.behaviour_logprobs if correction == "behaviour" else old_lp
+        per_token, clip_stats = ppo_clip_loss(
+            logprobs,
+            anchor,
+            mb.advantages,
+            mb.loss_mask,
+            clip_low=self.algo.clip_low,
+            clip_high=self.algo.clip_high,
+            dual_clip=self.algo.dual_clip,
+        )
+        mask = mb.loss_mask
+        n_tok = float(mask.sum())
+        weights, is_stats = importance_weights(
+            old_lp,
+            mb.behaviour_logprobs,
+            mask,
+            correction,
+            level=self.algo.is_level,
+            cap=self.algo.is_cap,
+            low=self.algo.is_low,
+        )
+        if weights is not None:
+            per_token = per_token * weights
+        _accumulate_ratio_stats(acc, {**clip_stats, **is_stats}, n_tok)
         if ref is not None and self.algo.kl_coef > 0:
+            ref_lp = _stack_rows([ref[i] for i in rows], logprobs)
+            kl = kl_estimate(logprobs, ref_lp, kind=self.algo.kl_estimator)
+            per_token = per_token + self.algo.kl_coef * kl
+            acc["kl"] += float((kl.detach() * mask).sum())
+        if self.algo.entropy_coef > 0:
+            ent = entropy_from_logits(logits)
+            per_token = per_token - self.algo.entropy_coef * ent
+        else:
+            with torch.no_grad():
+                ent = entropy_from_logits(logits)
+        loss = aggregate_loss(
+            per_token, mask, self.algo.loss_agg, total_tokens=totals[0], total_seqs=totals[1]
+        )
+        acc["loss"] += float(loss.detach())
+        acc["entropy"] += float((ent.detach() * mask).sum())
+        diff = (logprobs.detach() - mb.behaviour_logprobs).abs() * mask
+        acc["mismatch_abs"] += float(diff.sum())
+        acc["mismatch_max"] = max(acc["mismatch_max"], float(diff.max()) if n_tok else 0.0)
+        for key in ("clip_frac_low", "clip_frac_high"):
+            acc[key] += float(clip_stats[key]) * n_tok
+        return loss
+
+    def _step_stats(
+        self, acc: dict[str, float], total_tokens: float, grad_norm: float, lr: float, has_ref: bool
+    ) -> dict[str, tuple[float, float]]:
+        w = max(total_tokens, 1.0)
+        stats: dict[str, tuple[float, float]] = {
+            "loss": (acc["loss"], 1.0),
+            "grad_norm": (grad_norm, 1.0),
+            "lr": (lr, 1.0),
+            "entropy": (acc["entropy"] / w, w),
+            "train_infer_logprob_diff": (acc["mismatch_abs"] / w, w),
+            "train_infer_logprob_diff_max": (acc["mismatch_max"], 1.0),
+            "clip_frac_low": (acc["clip_frac_low"] / w, w),
+            "clip_frac_high": (acc["clip_frac_high"] / w, w),
+        }
+        for key in _RATIO_MEANS:
+            if key in acc:
+                stats[key] = (acc[key] / w, w)
+        for key in _RATIO_MAXES:
+            if key in acc:
+                stats[key] = (acc[key], 1.0)
+        if has_ref and self.algo.kl_coef > 0:
             stats["kl"] = (acc["kl"] / w, w)
         stats["train_tokens"] = (total_tokens, 1.0)
         return stats
@@ -194,10 +292,10 @@ class PolicyTrainer:
         self.scheduler.load_state_dict(state["scheduler"])
 
 
-def _stack_rows(rows: list[torch.Tensor], shape: torch.Size) -> torch.Tensor:
-    """Stack per-trajectory [R_i] tensors into `shape`, zero-padding on the right."""
-    out = torch.zeros(shape, dtype=torch.float32)
+def _stack_rows(rows: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
+    """Stack per-trajectory [R_i] tensors into ``like``'s shape, zero-padding on the right."""
+    out = torch.zeros(like.shape, dtype=torch.float32)
     for r, row in enumerate(rows):
-        n = min(row.shape[0], shape[1])
+        n = min(row.shape[0], like.shape[1])
         out[r, :n] = row[:n]
-    return out
+    return out.to(like.device)

