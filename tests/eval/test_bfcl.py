@@ -20,6 +20,7 @@ from temper.cli.main import main
 from temper.config import config_from_dict
 from temper.data.base import Task
 from temper.envs.base import AssistantTurn
+from temper.errors import DataError
 from temper.eval.bfcl import (
     CATEGORIES,
     BFCLEnv,
@@ -208,3 +209,9 @@ def test_eval_command_bfcl_suite_on_the_tiny_model(tmp_path, bfcl_dir, capsys):
     assert all(v["n"] == 2 for v in result["by_category"].values())
     assert 0.0 <= result["accuracy"] <= 1.0 and "pass@1" in result and "mean@1_ci95" in result
     assert "eval: 8 tasks" in capsys.readouterr().out
+
+
+def test_a_failed_download_is_one_clear_error(tmp_path: Path):
+    with pytest.raises(DataError, match=r"cannot download bfcl-eval==0\.0\.0\.dev0 from PyPI"):
+        ensure_bfcl_data("0.0.0.dev0", root=tmp_path)
+    assert not (tmp_path / "bfcl" / "0.0.0.dev0").exists()

@@ -13,7 +13,7 @@ from fastapi import FastAPI, Request
 from temper.cli.main import main as cli_main
 from temper.config import config_from_dict
 from temper.engine import SamplingParams, build_engine
-from temper.engine.openai_endpoint import OpenAIEndpointEngine
+from temper.engine.openai_endpoint import OpenAIEndpointEngine, api_key_from_env
 from temper.errors import ConfigError
 from temper.eval.run import run_eval
 from temper.models import load_model, load_tokenizer
@@ -95,6 +95,7 @@ def text_only_endpoint(requests: list[dict]) -> FastAPI:
     @app.post("/v1/completions")
     async def completions(request: Request):
         body = await request.json()
+        body["_auth"] = request.headers.get("authorization")
         requests.append(body)
         choices = [
             {"index": i, "text": f"The answer is {i + 4}.", "finish_reason": "stop"}
@@ -105,11 +106,13 @@ def text_only_endpoint(requests: list[dict]) -> FastAPI:
     return app
 
 
-def test_text_only_endpoint_is_retokenized(tokenizer):
+def test_text_only_endpoint_is_retokenized(tokenizer, monkeypatch):
+    monkeypatch.setenv("TEMPER_TEST_KEY", "sk-test")
     requests: list[dict] = []
     handle = serve_app_in_thread(text_only_endpoint(requests))
     try:
-        engine = OpenAIEndpointEngine(f"{handle.url}/v1", tokenizer, max_context=256)
+        key = api_key_from_env("TEMPER_TEST_KEY")
+        engine = OpenAIEndpointEngine(f"{handle.url}/v1", tokenizer, api_key=key, max_context=256)
         params = SamplingParams(n=2, temperature=0.0, max_new_tokens=9, stop_strings=("\n",))
 
         async def go():
@@ -125,7 +128,7 @@ def test_text_only_endpoint_is_retokenized(tokenizer):
     assert body["model"] == "remote-model" and body["prompt"] == [5, 6, 7]
     assert (body["n"], body["temperature"], body["max_tokens"]) == (2, 0.0, 9)
     assert body["stop"] == ["\n"] and body["return_token_ids"] is True
-    assert "seed" not in body and "top_k" not in body
+    assert "seed" not in body and "top_k" not in body and body["_auth"] == "Bearer sk-test"
     for i, s in enumerate(result.samples):
         text = f"The answer is {i + 4}."
         assert s.retokenized
@@ -134,9 +137,12 @@ def test_text_only_endpoint_is_retokenized(tokenizer):
         assert all(math.isnan(v) for v in s.logprobs) and s.finish_reason == "stop"
 
 
-def test_config_and_training_refused():
+def test_config_and_training_refused(monkeypatch):
     with pytest.raises(ConfigError, match=r"engine\.base_url is required"):
         config_from_dict({"engine": {"type": "openai"}})
+    monkeypatch.delenv("TEMPER_NO_SUCH_KEY", raising=False)
+    with pytest.raises(ConfigError, match="TEMPER_NO_SUCH_KEY"):
+        api_key_from_env("TEMPER_NO_SUCH_KEY")
     from temper.orchestrator.sync import SyncOrchestrator
 
     cfg = config_from_dict({"engine": {"type": "openai", "base_url": "http://127.0.0.1:9/v1"}})

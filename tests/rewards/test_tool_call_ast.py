@@ -127,6 +127,7 @@ def test_dicts_match_key_by_key_with_their_own_allowed_values():
     assert check("[geo.distance(city='x', box={'w': 2, 'unit': 'CM'})]", gt)[0] == 1.0
     score, reason = check("[geo.distance(city='x', box={'w': 2, 'h': 1})]", gt)
     assert score == 0.0 and "wrong value for arg 'box'" in reason
+    assert reason.endswith("(unexpected key 'h')")
     assert check("[geo.distance(city='x', box={'unit': 'cm'})]", gt)[0] == 0.0  # w missing
 
 
@@ -217,3 +218,9 @@ def test_reward_component_from_config_scores_columns():
 def test_reward_reports_missing_ground_truth_as_error():
     result = _score(ToolCallASTReward(), Task("t9", "q"), "[f(a=1)]")
     assert result.score == 0.0 and "t9" in result.error and "'ground_truth'" in result.error
+
+
+def test_reward_reports_a_bad_functions_column_as_error():
+    task = Task("t8", "q", columns={"ground_truth": [{"f": {"a": [1]}}], "functions": "{}"})
+    result = _score(ToolCallASTReward(), task, "[f(a=1)]")
+    assert result.score == 0.0 and "'functions' is not a list of functions" in result.error

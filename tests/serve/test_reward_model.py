@@ -19,6 +19,7 @@ from temper.serve.reward_model import (
     Overloaded,
     RewardModelBatcher,
     load_reward_model,
+    parse_score_request,
     score_pairs,
     start_rm_server,
 )
@@ -227,3 +228,28 @@ def test_cli_serve_rm(rm_dir, tmp_path, capsys):
     finally:
         proc.terminate()
         proc.wait(20)
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b"not json", "body: not valid JSON"),
+        (b"[1]", "body: expected a JSON object"),
+        (b"{}", "pairs: Field required"),
+        (b'{"pairs": {}}', "pairs: Input should be a valid list"),
+        (b'{"pairs": [], "x": 1}', "x: Extra inputs are not permitted"),
+        (b'{"pairs": [3]}', "pairs.0: Input should be an object"),
+        (b'{"pairs": [{"prompt": "p", "response": 1}]}', "pairs.0.response: Input should be a"),
+        (b'{"pairs": [{"prompt": "p", "response": "r", "k": 0}]}', "pairs.0.k: Extra inputs"),
+    ],
+)
+def test_parse_score_request_names_the_bad_field(body, message):
+    with pytest.raises(ValueError) as info:
+        parse_score_request(body)
+    assert str(info.value).startswith(message)
+    assert "\n" not in str(info.value)
+
+
+def test_parse_score_request_keeps_order():
+    body = b'{"pairs": [{"prompt": "a", "response": "b"}, {"response": "d", "prompt": "c"}]}'
+    assert parse_score_request(body) == [("a", "b"), ("c", "d")]

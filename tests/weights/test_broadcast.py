@@ -70,7 +70,11 @@ def _rank_main(rank: int, world: int, port: int, queue) -> None:
             for version, bucket, checksum in ROUNDS:
                 t = BroadcastTransport(bucket_bytes=bucket, checksum=checksum)
                 t.publish(make_state(version), version)
-            queue.put((rank, "sent"))
+            try:  # rank 1 offers tensors of the wrong shape for version 6
+                t.publish(make_state(6), 6)
+                queue.put((rank, "sent, no rejection"))
+            except WeightTransportError as exc:
+                queue.put((rank, "sent" if "1 receiver(s) rejected" in str(exc) else str(exc)))
         else:
             t = BroadcastTransport()
             results = []
@@ -92,6 +96,15 @@ def _rank_main(rank: int, world: int, port: int, queue) -> None:
                     _verify(manifest, [_raw_bytes(got[e.name]) for e in manifest.tensors], "test")
                     results.append(manifest.checksums and len(manifest.tensors[0].crc32) == 1)
             results.append(t.latest_version())
+            if rank == 1:
+                wrong = {k: torch.zeros(3) for k in make_state(6)}
+                with pytest.raises(WeightTransportError, match="tensor 'embed' is float32"):
+                    t.receive(into=wrong)
+                untouched = all(bool((w == 0).all()) for w in wrong.values())
+                results.append(t.latest_version() if untouched else "into was modified")
+            else:
+                got, v = t.receive()
+                results.append(v == 6 and same_bits(make_state(6)["embed"], got["embed"]))
             queue.put((rank, results))
         dist.destroy_process_group()
     except BaseException:
@@ -138,6 +151,7 @@ def test_broadcast_three_ranks_bitwise():
             True,  # version 5 landed in the receiver's own tensors
             (5, True, True),
             5,
+            5 if rank == 1 else True,  # rank 1 rejected version 6; rank 2 has it
         ]
 
 

@@ -116,16 +116,27 @@ def ensure_bfcl_data(version: str = BFCL_VERSION, root: Path | None = None) -> P
             raise DataError(
                 f"bfcl-eval=={version} does not hold the expected {_PREFIX}*.json files"
             )
-        if final.exists():  # an incomplete earlier copy
+        if final.exists() and not has_bfcl_data(final):  # an incomplete earlier copy
             shutil.rmtree(final)
-        os.replace(staging, final)
+        try:
+            os.replace(staging, final)
+        except OSError:
+            if not has_bfcl_data(final):  # else another process unpacked it first
+                raise
     return final
 
 
 def _read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise DataError(f"BFCL data file {path} does not exist")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path} line {number} is not valid JSON: {exc.msg}") from None
+    return rows
 
 
 _TYPE_NAMES = {"dict": "object", "float": "number", "tuple": "array"}

@@ -290,7 +290,10 @@ def check_call(
             return f"{name}: {problem}"
         if not any(value_matches(value, a) for a in alts):
             shown = [a for a in alts if a != ""]
-            return f"{name}: wrong value for arg {arg!r}: {_short(value)} not in {_short(shown)}"
+            reason = f"{name}: wrong value for arg {arg!r}: {_short(value)} not in {_short(shown)}"
+            if isinstance(value, dict) and len(shown) == 1 and isinstance(shown[0], dict):
+                reason += f" ({dict_matches(value, shown[0])})"  # which key is wrong
+            return reason
     for arg, alts in allowed.items():
         if arg not in call.arguments and "" not in alts:
             return f"{name}: missing arg {arg!r}"
@@ -394,6 +397,8 @@ class ToolCallASTReward:
             functions = columns.get(self.functions_field)
             if isinstance(functions, str):
                 functions = json.loads(functions)
+            if functions is not None and not isinstance(functions, list):
+                raise ValueError(f"column {self.functions_field!r} is not a list of functions")
         except ValueError as exc:
             return RewardResult(score=0.0, error=f"task {item.task.id!r}: bad ground truth: {exc}")
         try:

@@ -213,7 +213,7 @@ class DistributedTrainer:
                 if conn.poll():
                     try:
                         status, value = conn.recv()
-                    except EOFError:
+                    except (EOFError, OSError):  # the rank died mid-reply
                         status, value = "died", None
                     if status == "ok":
                         results[rank] = value

@@ -15,7 +15,8 @@ One publish is, in order:
    bucket is split across buckets by element ranges; a piece that fills a
    bucket alone is broadcast straight from the source / into the destination,
    with no packing copy. Buckets go as raw bytes, so any dtype works;
-3. an all-reduce of one status integer per rank (0 = ok, 1 = checksum failed),
+3. an all-reduce of one status integer per rank (0 = ok, 1 = rejected: a
+   checksum mismatch, or `into=` tensors that do not match the manifest),
    so `publish` returns only once every receiver holds the version and raises
    if one of them rejected it.
 
@@ -206,7 +207,7 @@ class BroadcastTransport:
         if int(status.item()):
             raise WeightTransportError(
                 f"broadcast of weights version {version}: {int(status.item())} receiver(s) "
-                "found a checksum mismatch"
+                "rejected it (checksum mismatch, or tensors unlike their receive(into=...))"
             )
         self._latest, self.last_manifest = version, manifest
 
@@ -232,11 +233,11 @@ class BroadcastTransport:
             dist.broadcast_object_list(box, self.src, group=self.group)
             got, text, bucket_bytes = box[0]
             manifest = Manifest.from_json(text)
-            out = self._destinations(manifest, into)
+            out, bad = self._destinations(manifest, into)
             step = "data"
             for bucket in plan_buckets(manifest, bucket_bytes):
                 self._recv_bucket(bucket, out)
-            bad = self._check(manifest, out)
+            bad = bad or self._check(manifest, out)
             step = "acknowledgement"
             status = torch.tensor([int(bad is not None)], dtype=torch.int32, device=self.device)
             dist.all_reduce(status, group=self.group)
@@ -251,24 +252,20 @@ class BroadcastTransport:
 
     def _destinations(
         self, manifest: Manifest, into: Mapping[str, torch.Tensor] | None
-    ) -> dict[str, torch.Tensor]:
-        out: dict[str, torch.Tensor] = {}
-        for e in manifest.tensors:
-            dtype = _dtype_from_name(e.dtype)
-            if into is None:
-                out[e.name] = torch.empty(e.shape, dtype=dtype, device=self.device)
-                continue
-            t = into.get(e.name)
-            if t is None or t.dtype != dtype or tuple(t.shape) != e.shape:
-                have = "missing" if t is None else f"{t.dtype} {tuple(t.shape)}"
-                raise WeightTransportError(
-                    f"broadcast version {manifest.version}: tensor {e.name!r} is {e.dtype} "
-                    f"{e.shape}, the receiver's is {have}"
-                )
-            if not t.is_contiguous():
-                raise WeightTransportError(f"receive(into=...): {e.name!r} is not contiguous")
-            out[e.name] = t
-        return out
+    ) -> tuple[dict[str, torch.Tensor], WeightTransportError | None]:
+        """Where each tensor lands. A mismatching `into` is reported, not raised, so
+        this rank still takes part in the collectives (the sender would hang); the
+        data then lands in scratch tensors and `into` is left untouched."""
+        problem = _mismatch(manifest, into) if into is not None else None
+        if into is not None and problem is None:
+            return {e.name: into[e.name] for e in manifest.tensors}, None
+        out = {
+            e.name: torch.empty(e.shape, dtype=_dtype_from_name(e.dtype), device=self.device)
+            for e in manifest.tensors
+        }
+        if problem is None:
+            return out, None
+        return out, WeightTransportError(f"broadcast version {manifest.version}: {problem}")
 
     def _recv_bucket(self, bucket: Bucket, out: Mapping[str, torch.Tensor]) -> None:
         direct = len(bucket.pieces) == 1 and out[bucket.pieces[0].name].device == self.device
@@ -292,3 +289,15 @@ class BroadcastTransport:
         except WeightTransportError as exc:
             return exc
         return None
+
+
+def _mismatch(manifest: Manifest, into: Mapping[str, torch.Tensor]) -> str | None:
+    """Why `into` cannot hold the manifest's tensors in place, or None."""
+    for e in manifest.tensors:
+        t = into.get(e.name)
+        if t is None or _dtype_name(t.dtype) != e.dtype or tuple(t.shape) != e.shape:
+            have = "missing" if t is None else f"{_dtype_name(t.dtype)} {tuple(t.shape)}"
+            return f"tensor {e.name!r} is {e.dtype} {e.shape}, the receiver's is {have}"
+        if not t.is_contiguous():
+            return f"the receiver's tensor {e.name!r} is not contiguous"
+    return None
