@@ -374,3 +374,61 @@ def test_trajectory_browser_multi_turn_filters_and_mismatch(page, server, runs):
     page.wait_for(
         "[...document.querySelectorAll('#sample-list li')].map(l => l.dataset.index).join() === '2'"
     )
+
+
+@pytest.fixture(scope="module")
+def real_runs(tmp_path_factory) -> Path:
+    """A real training run's directory: ``$TEMPER_DASH_RUNS`` (e.g. ``runs`` after ``make
+    demo``, for screenshots of the demo run) or a short run of the demo config made here."""
+    given = os.environ.get("TEMPER_DASH_RUNS")
+    if given:
+        return Path(given)
+    from temper.cli.main import main
+
+    root = tmp_path_factory.mktemp("real-runs")
+    code = main(
+        [
+            "train",
+            f"--run.output_dir={root}",
+            "--run.name=demo",
+            "--orchestrator.steps=3",
+            "--orchestrator.prompts_per_step=4",
+            "--orchestrator.group_size=4",
+            "--eval.size=8",
+            "--eval.k=2",
+            "--log.progress=false",
+        ]
+    )
+    assert code == 0
+    return root
+
+
+@pytest.mark.slow
+def test_dashboard_on_a_real_training_run(browser, real_runs):
+    run = next(p.parent.name for p in sorted(real_runs.glob("*/metrics.jsonl")))
+    metrics = read_jsonl(real_runs / run / "metrics.jsonl")
+    browser.errors.clear()
+    with DashboardServer(real_runs, poll_ms=1000) as srv:
+        browser.goto(f"{srv.url}/?runs={run}#metrics")
+        browser.wait_for("document.querySelectorAll('.chart-card svg circle.pt').length > 0")
+        for metric in ("reward_mean", "accuracy"):
+            shown = _latest(browser, run, metric)
+            assert float(shown["value"]) == metrics[-1][metric]
+            assert int(shown["step"]) == metrics[-1]["step"]
+        browser.screenshot("real-run-metrics")
+        browser.goto(f"{srv.url}/?runs={run}#time")
+        browser.wait_for("document.querySelectorAll('#time-chart rect.bar').length > 0")
+        bars = browser.eval("document.querySelector('#time-chart svg').dataset.bars")
+        assert bars == str(len(metrics))
+        browser.screenshot("real-run-step-time")
+        browser.goto(f"{srv.url}/?runs={run}#trajectories")
+        browser.wait_for("document.querySelectorAll('.heatmap span.tok').length > 0")
+        # The trainer's logprobs are recorded, so the mismatch map has values to show.
+        browser.eval(
+            "(s => { s.value = 'mismatch'; s.dispatchEvent(new Event('change')); })"
+            "(document.getElementById('traj-field'))"
+        )
+        browser.wait_for("document.querySelector('.heatmap').dataset.field === 'mismatch'")
+        assert browser.eval("document.querySelectorAll('#sample-detail .note').length") == 0
+        browser.screenshot("real-run-trajectories-mismatch")
+    assert browser.errors == [], browser.errors

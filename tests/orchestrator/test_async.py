@@ -61,7 +61,7 @@ def test_async_run_respects_max_staleness(tmp_path, staleness, interrupt, correc
     for step in range(1, 5):
         path = tmp_path / name / "trajectories" / f"step_{step:06d}.jsonl"
         for record in map(json.loads, path.read_text().splitlines()):
-            sampled = [v for v, m in zip(record["versions"], record["loss_mask"]) if m]
+            sampled = [v for v, m in zip(record["versions"], record["loss_mask"], strict=True) if m]
             assert all(step - 1 - staleness <= v <= step - 1 for v in sampled)
             if interrupt == "abort":  # each group sampled by one version only
                 assert len(set(sampled)) <= 1
