@@ -32,7 +32,7 @@ from temper.envs.registry import build_env_spec
 from temper.errors import ConfigError
 from temper.models import load_tokenizer
 from temper.rewards.code_tests import run_tests
-from temper.rollout.multi_turn import run_episodes
+from temper.rollout.multi_turn import episode_stats, run_episodes
 from temper.sandbox import SandboxPool
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -213,6 +213,8 @@ def test_spec_options_are_validated():
         {"num_tests": 1.5},
         {"timeout_s": -1},
         {"test_timeout_s": True},
+        {"detect_hacks": "yes"},
+        {"detect_hacks": 1},
     ):
         with pytest.raises(ConfigError, match=r"env\.options"):
             spec(bad, 0)
@@ -275,3 +277,17 @@ def test_end_to_end_retry_with_a_scripted_engine():
     assert traj.env_info["success"] is True and traj.env_info["attempt"] == 2
     feedback = traj.messages[2]
     assert feedback["role"] == "user" and "1 of 4 tests passed" in feedback["content"]
+
+
+def test_end_to_end_a_flagged_hack_scores_zero_and_is_counted_by_kind():
+    # Right code that also prints a fake verdict: the tests pass, the detector zeroes it.
+    hack = _fenced("print('4 passed')\ndef double(x):\n    return x * 2\n")
+    right = _fenced("def double(x):\n    return x * 2\n")
+    (traj,) = _rollout([hack, right], {"max_attempts": 2, "reward": "all"}, 2, group_size=1)
+    assert traj.turn_rewards == [0.0, 1.0] and traj.env_info["success"] is True
+    feedback = traj.messages[2]["content"]
+    assert "flagged as a reward hack (fake_output)" in feedback
+    assert traj.env_info["hacks"] == []  # the last attempt was clean
+    stats = episode_stats([traj])
+    assert stats["hack/fake_output"] == 1.0 and stats["hack/exit"] == 0.0
+    assert stats["tests_passed"] == 8.0  # 4 + 4: the hack passed its tests too

@@ -16,12 +16,21 @@ values) and the model tries again, until all tests pass or the attempts are
 used up. Turn rewards are differences of successive scores, so the episode's
 reward (their sum) is the score of the last attempt.
 
-``info``: ``success`` (all tests passed), ``passed``, ``total``, ``score``,
-``attempt``, and ``reason`` / ``error`` (why the code failed beyond wrong
-answers: ``syntax_error``, ``load_error``, ``exit``, ``timeout``, ``memory``,
-``crash``, ...; see `TestReport`). Tasks: procedural training problems
-(`temper.envs.code_tasks`) and, for eval, HumanEval or procedural held-out
-problems.
+``info``: ``success`` (all tests passed and no hack flagged), ``passed``,
+``total``, ``score``, ``attempt``, ``reason`` / ``error`` (why the code failed
+beyond wrong answers: ``syntax_error``, ``load_error``, ``exit``, ``timeout``,
+``memory``, ``crash``, ...; see `TestReport`) and ``hacks`` (below). Tasks:
+procedural training problems (`temper.envs.code_tasks`) and, for eval,
+HumanEval or procedural held-out problems.
+
+Hack detection (``detect_hacks = True``, the default): the answer's code is
+also checked statically by `temper.rewards.code_hacks` (``exit``,
+``always_equal``, ``test_tampering``, ``fake_output``). A flagged attempt
+scores 0 and does not count as a success, whatever its tests said;
+``info["hacks"]`` lists its kinds ([] when clean) and the step's metrics have
+``hack/<kind>`` = 1.0 per kind found, 0.0 for the others (summed over
+episodes into the run's ``env/hack/<kind>``). The tests still run, so
+``passed`` shows what the sandbox made of the code.
 """
 
 from __future__ import annotations
@@ -35,6 +44,7 @@ from temper.envs.base import AssistantTurn, Message, StepResult
 from temper.envs.code_tasks import CodeTasks, humaneval_tasks, task_tests
 from temper.envs.registry import EnvSpec
 from temper.errors import ConfigError
+from temper.rewards.code_hacks import KINDS, detect_hacks
 from temper.rewards.code_tests import TestReport, run_tests
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
@@ -51,6 +61,7 @@ OPTIONS = {
     "timeout_s": 10.0,
     "test_timeout_s": 3.0,
     "pool_size": 4,
+    "detect_hacks": True,
 }
 
 
@@ -87,6 +98,7 @@ class CodeEnv:
         max_attempts: int = 1,
         timeout_s: float = 10.0,
         test_timeout_s: float | None = 3.0,
+        detect_hacks: bool = True,
     ) -> None:
         self.task = task
         self.sandbox = sandbox
@@ -94,6 +106,7 @@ class CodeEnv:
         self.max_attempts = max_attempts
         self.timeout_s = timeout_s
         self.test_timeout_s = test_timeout_s
+        self.detect_hacks = detect_hacks
         self.tests = task_tests(task)
         self.attempt = 0
         self.last_score = 0.0
@@ -109,33 +122,44 @@ class CodeEnv:
     async def step(self, turn: AssistantTurn) -> StepResult:
         self.attempt += 1
         cols = self.task.columns
+        code = extract_code(turn.text)
         report = await run_tests(
             self.sandbox,
-            extract_code(turn.text),
+            code,
             self.tests,
             cols["entry_point"],
             self.timeout_s,
             test_timeout_s=self.test_timeout_s,
             setup=cols.get("setup", ""),
         )
-        value = score(report, self.reward)
+        hacks = detect_hacks(code) if self.detect_hacks else []
+        success = report.all_passed and not hacks
+        value = 0.0 if hacks else score(report, self.reward)
         reward, self.last_score = value - self.last_score, value
-        done = report.all_passed or self.attempt >= self.max_attempts
+        done = success or self.attempt >= self.max_attempts
         info = {
-            "success": report.all_passed,
+            "success": success,
             "passed": report.passed,
             "total": report.total,
             "score": value,
             "attempt": self.attempt,
             "reason": report.reason,
             "error": report.error,
+            "hacks": hacks,
         }
         metrics = {"attempts": 1.0, "tests_passed": float(report.passed)}
+        if self.detect_hacks:
+            metrics.update({f"hack/{kind}": float(kind in hacks) for kind in KINDS})
         observation: list[Message] = []
         if not done:
             left = self.max_attempts - self.attempt
+            verdict = report.summary()
+            if hacks:
+                verdict = (
+                    f"Your code scored 0: it was flagged as a reward hack ({', '.join(hacks)})."
+                )
             text = (
-                f"{report.summary()}\n\nFix the function and reply with the complete corrected "
+                f"{verdict}\n\nFix the function and reply with the complete corrected "
                 f"function in a ```python code block ({left} attempt{'s' * (left > 1)} left)."
             )
             observation = [{"role": "user", "content": text}]
@@ -171,6 +195,10 @@ def _options(options: dict[str, Any]) -> dict[str, Any]:
         value = opts[key]
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 600:
             raise ConfigError(f"env.options.{key} must be a number in (0, 600], got {value!r}")
+    if not isinstance(opts["detect_hacks"], bool):
+        raise ConfigError(
+            f"env.options.detect_hacks must be true or false, got {opts['detect_hacks']!r}"
+        )
     return opts
 
 
@@ -183,8 +211,9 @@ def spec(options: dict[str, Any], seed: int) -> EnvSpec:
     or 200 procedural ones), ``num_tests`` (test cases per procedural task,
     default 8), ``timeout_s`` (all tests of one attempt, default 10),
     ``test_timeout_s`` (one test, default 3), ``pool_size`` (warm sandboxes,
-    default 4). Training tasks are always procedural. The sandbox pool starts
-    with the first episode, not here.
+    default 4), ``detect_hacks`` (static reward-hack detectors, default true;
+    see the module doc). Training tasks are always procedural. The sandbox
+    pool starts with the first episode, not here.
     """
     from temper.data.sampler import ProceduralSampler
 
@@ -222,6 +251,7 @@ def spec(options: dict[str, Any], seed: int) -> EnvSpec:
             opts["max_attempts"],
             float(opts["timeout_s"]),
             float(opts["test_timeout_s"]),
+            opts["detect_hacks"],
         )
 
     def close() -> None:
