@@ -339,6 +339,27 @@ class OrchestratorConfig(_Section):
         description="Async: on a weight update, groups in flight continue with the new "
         "weights (versions recorded per token) or are aborted and restarted.",
     )
+    backend: Literal["local", "process"] = Field(
+        "local",
+        description="Where rollouts run. local: engine and rollout source in the "
+        "orchestrator process. process: `rollout_workers` worker processes, each with its "
+        "own engine, fed weights over shared memory (docs/workers.md).",
+    )
+    rollout_workers: int = Field(
+        1, ge=1, description="backend=process: number of rollout worker processes."
+    )
+    heartbeat_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="backend=process: a ready worker silent this long is hung: it is "
+        "killed and restarted (workers beat every heartbeat_timeout_s / 5).",
+    )
+    max_retries: int = Field(
+        3,
+        ge=0,
+        description="backend=process: times a group request is resent after its worker "
+        "died or hung; one more failure stops the run with an error naming the task.",
+    )
 
     @model_validator(mode="after")
     def _train_only_needs_source(self) -> OrchestratorConfig:

@@ -46,10 +46,11 @@ from temper.rollout.trajectory import Trajectory
 from temper.trainer.checkpoint import (
     list_checkpoints,
     load_checkpoint_state,
+    restore_trainer,
     save_checkpoint,
     set_rng_state,
 )
-from temper.trainer.policy_trainer import PolicyTrainer
+from temper.trainer.distributed import build_trainer
 
 
 def assign_advantages(
@@ -142,20 +143,20 @@ class SyncOrchestrator:
         torch.manual_seed(cfg.run.seed)
         self.tokenizer = load_tokenizer(model_path)
         self.model = load_model(model_path, dtype=torch.float32)
-        ref = None
-        if cfg.algo.kl_coef > 0:
-            ref = load_model(str(resolve_model_path(cfg.model.path)), dtype=torch.float32)
         pad = self.tokenizer.pad_token_id
-        self.trainer = PolicyTrainer(
-            self.model,
-            cfg.trainer,
-            cfg.algo,
-            cfg.orchestrator.steps,
-            pad_id=pad if pad is not None else 0,
-            ref_model=ref,
-        )
-        self.engine = build_engine(cfg, model_path, self.tokenizer)
-        self.rollouts = build_rollouts(cfg, self.engine, self.tokenizer)
+        # world_size > 1: FSDP2 ranks in child processes (temper.trainer.distributed).
+        self.trainer = build_trainer(cfg, self.model, model_path, pad if pad is not None else 0)
+        if cfg.orchestrator.backend == "process":
+            # Engines live in worker processes; the source doubles as the engine here.
+            from temper.orchestrator.remote import build_remote_rollouts
+
+            self.rollouts = build_remote_rollouts(
+                cfg, model_path, self.tokenizer, self.run_dir.path
+            )
+            self.engine = self.rollouts.source
+        else:
+            self.engine = build_engine(cfg, model_path, self.tokenizer)
+            self.rollouts = build_rollouts(cfg, self.engine, self.tokenizer)
         self.sampler, self.eval_tasks = self.rollouts.train, self.rollouts.heldout
         self._check_prompts_fit()
         if ckpts:
@@ -185,7 +186,7 @@ class SyncOrchestrator:
 
     def _restore(self, ckpt: Path) -> None:
         state, trainer_state, rng = load_checkpoint_state(ckpt)
-        self.trainer.load_state_dict(trainer_state)
+        restore_trainer(self.trainer, trainer_state, ckpt)  # any world size wrote it
         self.sampler.load_state_dict(state["sampler"])
         set_rng_state(rng)
         self.start_step = int(state["step"])
@@ -277,6 +278,9 @@ class SyncOrchestrator:
         m["staleness_mean"] = sum(version_before - v for v in sampled) / max(len(sampled), 1)
         if self.async_rollouts is not None:
             m.update(self.async_rollouts.metrics())
+        worker_metrics = getattr(self.engine, "metrics", None)  # backend=process: workers/*
+        if worker_metrics is not None:
+            m.update(worker_metrics())
         m["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         if cfg.env.enabled:
             m.update({f"env/{k}": v for k, v in episode_stats(flat).items()})
@@ -301,6 +305,7 @@ class SyncOrchestrator:
             self.trainer.state_dict(),
             {"version": self.engine.version, "sampler": self.sampler.state_dict()},
             keep=self.cfg.checkpoint.keep,
+            write_extra=getattr(self.trainer, "write_sharded_state", None),
         )
 
     async def run(self) -> dict[str, Any]:
@@ -403,6 +408,9 @@ class SyncOrchestrator:
         self.events.close()
         await self.engine.close()
         self.rollouts.close()
+        close_trainer = getattr(self.trainer, "close", None)  # stops FSDP ranks, if any
+        if close_trainer is not None:
+            close_trainer()
 
 
 def _check_log_config(cfg: Config) -> None:

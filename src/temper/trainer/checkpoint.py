@@ -24,6 +24,7 @@ import os
 import random
 import shutil
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -139,7 +140,9 @@ def load_dcp_unsharded(
 
     model_sd, optim_sd = get_state_dict(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
-    dcp.load(state, checkpoint_id=str(path))
+    with warnings.catch_warnings():  # DCP warns that it assumes one process: we mean it
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(path), no_dist=True)
     set_state_dict(
         model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
     )

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import math
 import os
 import traceback
 from dataclasses import dataclass
@@ -36,8 +37,6 @@ from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
     get_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
     set_state_dict,
 )
 from torch.distributed.fsdp import FSDPModule, fully_shard
@@ -139,15 +138,20 @@ class ShardedPolicyTrainer(PolicyTrainer):
         return contextlib.nullcontext()
 
     def _reduce_sums(self, acc: dict[str, float]) -> dict[str, float]:
-        keys = sorted(acc)  # the same keys on every rank: the same code ran everywhere
-        out = dict(acc)
-        for op, names in (
-            (dist.ReduceOp.SUM, [k for k in keys if not k.endswith("_max")]),
-            (dist.ReduceOp.MAX, [k for k in keys if k.endswith("_max")]),
+        # A rank that ran only empty micro-batches may lack keys (stats logged only for
+        # real tokens): agree on the union, a missing sum counting 0 and a missing max -inf.
+        gathered: list[Any] = [None] * self.world_size
+        dist.all_gather_object(gathered, sorted(acc))
+        keys = sorted(set().union(*gathered))
+        out: dict[str, float] = {}
+        for op, names, missing in (
+            (dist.ReduceOp.SUM, [k for k in keys if not k.endswith("_max")], 0.0),
+            (dist.ReduceOp.MAX, [k for k in keys if k.endswith("_max")], -math.inf),
         ):
-            values = torch.tensor([acc[k] for k in names], dtype=torch.float64, device=self.device)
-            dist.all_reduce(values, op=op)
-            out.update(zip(names, values.tolist(), strict=True))
+            values = [acc.get(k, missing) for k in names]
+            tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+            dist.all_reduce(tensor, op=op)
+            out.update(zip(names, tensor.tolist(), strict=True))
         return out
 
     def _clip_grads(self) -> float:
@@ -223,7 +227,9 @@ def _full_weights(trainer: ShardedPolicyTrainer) -> dict[str, torch.Tensor] | No
 def _train_step(trainer: ShardedPolicyTrainer, trajs: list[Trajectory]) -> dict[str, Any]:
     unset = [i for i, t in enumerate(trajs) if t.trainer_logprobs is None]
     metrics = trainer.train_step(trajs)
-    logprobs = {i: trajs[i].trainer_logprobs for i in unset if trajs[i].trainer_logprobs}
+    logprobs = {
+        i: trajs[i].trainer_logprobs for i in unset if trajs[i].trainer_logprobs is not None
+    }
     return {"metrics": metrics, "logprobs": logprobs, "weights": _full_weights(trainer)}
 
 
@@ -247,21 +253,10 @@ def _load_dcp(trainer: ShardedPolicyTrainer, arg: tuple[str, dict]) -> dict[str,
     return {"weights": _full_weights(trainer)}
 
 
-def _load_full(trainer: ShardedPolicyTrainer, arg: tuple[dict, dict, dict]) -> dict[str, Any]:
-    """Load full (unsharded, FQN-keyed) model and optimizer state: each rank keeps its shard."""
-    model_sd, optim_sd, scheduler = arg
-    options = StateDictOptions(full_state_dict=True)
-    set_model_state_dict(trainer.model, model_sd, options=options)
-    set_optimizer_state_dict(trainer.model, trainer.optimizer, optim_sd, options=options)
-    trainer.scheduler.load_state_dict(scheduler)
-    return {"weights": _full_weights(trainer)}
-
-
 HANDLERS = {
     "train_step": _train_step,
     "save": _save,
     "load_dcp": _load_dcp,
-    "load_full": _load_full,
     "scheduler_state": lambda trainer, _arg: trainer.scheduler.state_dict(),
 }
 

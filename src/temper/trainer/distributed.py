@@ -25,14 +25,15 @@ import contextlib
 import multiprocessing as mp
 import os
 import socket
+import tempfile
 import time
+import warnings
 import weakref
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
 
 from temper.config.schema import AlgoConfig, TrainerConfig
 from temper.errors import ConfigError
@@ -148,13 +149,18 @@ class DistributedTrainer:
         self._request("save", str(Path(directory) / DCP_DIR))
 
     def load_checkpoint(self, ckpt: Path, trainer_state: dict[str, Any]) -> None:
-        """Load weights, optimizer and scheduler from checkpoint dir ``ckpt``, any world size."""
+        """Load weights, optimizer and scheduler from checkpoint dir ``ckpt``, any world size.
+
+        A world-size-1 checkpoint is first rewritten as a one-shard DCP checkpoint
+        (in a temporary directory), so both kinds load through DCP's resharding.
+        """
+        scheduler = trainer_state["scheduler"]
         if trainer_state.get("format") == "dcp":
-            arg: Any = (str(Path(ckpt) / DCP_DIR), trainer_state["scheduler"])
-            results = self._request("load_dcp", arg)
+            results = self._request("load_dcp", (str(Path(ckpt) / DCP_DIR), scheduler))
         else:
-            model_sd, optim_sd = self._full_state_from_plain(Path(ckpt), trainer_state)
-            results = self._request("load_full", (model_sd, optim_sd, trainer_state["scheduler"]))
+            with tempfile.TemporaryDirectory(prefix="temper-dcp-") as tmp:
+                self._plain_to_dcp(Path(ckpt), trainer_state, Path(tmp))
+                results = self._request("load_dcp", (tmp, scheduler))
         self._adopt(results[0]["weights"])
 
     def close(self) -> None:
@@ -163,15 +169,15 @@ class DistributedTrainer:
 
     # --- internals -------------------------------------------------------------------
 
-    def _full_state_from_plain(
-        self, ckpt: Path, trainer_state: dict[str, Any]
-    ) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-        """A world-size-1 checkpoint's weights and optimizer state, keyed by parameter name.
+    def _plain_to_dcp(self, ckpt: Path, trainer_state: dict[str, Any], out: Path) -> None:
+        """Write a world-size-1 checkpoint's weights and AdamW state to ``out`` as DCP.
 
-        `PolicyTrainer` saves AdamW's state keyed by parameter position; the ranks
-        need names (FSDP keeps them). An AdamW over the parent's copy translates.
+        `PolicyTrainer` saves AdamW's state keyed by parameter position; DCP keys
+        it by name. An AdamW over the parent's copy of the model translates.
         """
+        import torch.distributed.checkpoint as dcp
         from safetensors.torch import load_file
+        from torch.distributed.checkpoint.state_dict import get_state_dict
 
         weights: dict[str, torch.Tensor] = {}
         for file in sorted(ckpt.glob("*.safetensors")):
@@ -180,9 +186,10 @@ class DistributedTrainer:
             self.model.load_state_dict(weights, strict=False)  # a tied head is saved once
         optimizer, _ = build_optimizer(self.model, self.cfg, self.total_steps)
         optimizer.load_state_dict(trainer_state["optimizer"])
-        options = StateDictOptions(full_state_dict=True)
-        optim_sd = get_optimizer_state_dict(self.model, optimizer, options=options)
-        return self.model.state_dict(), optim_sd
+        model_sd, optim_sd = get_state_dict(self.model, optimizer)
+        with warnings.catch_warnings():  # DCP warns that it assumes one process: we mean it
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(out), no_dist=True)
 
     def _adopt(self, weights: dict[str, torch.Tensor]) -> None:
         with torch.no_grad():
@@ -219,7 +226,7 @@ class DistributedTrainer:
                         results[rank] = value
                         continue
                     if status == "error":
-                        self._fail(f"trainer rank {rank} failed during {command}", value)
+                        self._fail_on_error(rank, command, value)
                 if not self._procs[rank].is_alive():
                     code = self._procs[rank].exitcode
                     self._fail(f"trainer rank {rank} exited (code {code}) during {command}")
@@ -229,6 +236,15 @@ class DistributedTrainer:
                     f"trainer.worker_timeout_s = {self.cfg.worker_timeout_s:g}s"
                 )
         return [results[r] for r in range(self.world_size)]
+
+    def _fail_on_error(self, rank: int, command: str, worker_traceback: str) -> None:
+        # A rank that died makes the others' collectives fail: name the dead one.
+        time.sleep(0.2)
+        dead = [r for r, proc in enumerate(self._procs) if r != rank and not proc.is_alive()]
+        if dead:
+            code = self._procs[dead[0]].exitcode
+            self._fail(f"trainer rank {dead[0]} exited (code {code}) during {command}")
+        self._fail(f"trainer rank {rank} failed during {command}", worker_traceback)
 
     def _fail(self, message: str, worker_traceback: str | None = None) -> None:
         # The other ranks may be blocked in a collective: no point asking them to close.
@@ -258,3 +274,22 @@ def _stop(procs: list[Any], conns: list[Connection], grace_s: float = 5.0) -> No
             proc.join()
     for conn in conns:
         conn.close()
+
+
+def build_trainer(cfg: Any, model: torch.nn.Module, model_path: str, pad_id: int) -> Any:
+    """The run's trainer: `PolicyTrainer` in this process at world_size 1, else ranks.
+
+    ``cfg`` is the whole run `Config`; ``model`` was loaded from ``model_path``.
+    A KL reference is the configured base model (``model.path``), as at world size 1.
+    """
+    from temper.models import load_model, resolve_model_path
+    from temper.trainer.policy_trainer import PolicyTrainer
+
+    ref_path = str(resolve_model_path(cfg.model.path)) if cfg.algo.kl_coef > 0 else None
+    steps = cfg.orchestrator.steps
+    if cfg.trainer.world_size > 1:
+        return DistributedTrainer(
+            model, model_path, cfg.trainer, cfg.algo, steps, pad_id, ref_path=ref_path
+        )
+    ref = load_model(ref_path, dtype=torch.float32) if ref_path else None
+    return PolicyTrainer(model, cfg.trainer, cfg.algo, steps, pad_id=pad_id, ref_model=ref)
