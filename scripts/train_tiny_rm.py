@@ -140,6 +140,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=20)
     ap.add_argument("--train-pairs", type=int, default=20000)
     ap.add_argument("--heldout-pairs", type=int, default=1000)
+    # One thread: on a shared 2-core box two OpenMP threads made a step ~7x slower.
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

@@ -18,6 +18,7 @@ from temper.serve.reward_model import (
     BatcherClosed,
     Overloaded,
     RewardModelBatcher,
+    length_groups,
     load_reward_model,
     parse_score_request,
     score_pairs,
@@ -253,3 +254,24 @@ def test_parse_score_request_names_the_bad_field(body, message):
 def test_parse_score_request_keeps_order():
     body = b'{"pairs": [{"prompt": "a", "response": "b"}, {"response": "d", "prompt": "c"}]}'
     assert parse_score_request(body) == [("a", "b"), ("c", "d")]
+
+
+def test_length_groups_split_only_where_padding_costs_more_than_a_forward():
+    assert length_groups([]) == []
+    assert length_groups([30] * 64) == [64]  # equal lengths: one forward
+    # 10 rows of 20 then one of 100: padding 10 * 80 = 800 tokens > 64, so cut.
+    assert length_groups([20] * 10 + [100]) == [10, 11]
+    # 3 rows of 20 then 40: 3 * 20 = 60 <= 64, so it joins.
+    assert length_groups([20, 20, 20, 40]) == [4]
+    assert length_groups([20, 20, 20, 40], split_cost=10) == [3, 4]
+
+
+def test_score_pairs_groups_give_the_same_scores_as_one_at_a_time(loaded, expected):
+    model, tok = loaded
+    long_pair = ("a long prompt " * 20, "and a long response " * 10)
+    pairs = [*PAIRS, long_pair, PAIRS[0]]
+    single = compute.run(score_pairs, model, tok, [long_pair])[0]
+    got = compute.run(score_pairs, model, tok, pairs)
+    assert got == pytest.approx(
+        [expected[p] for p in PAIRS] + [single, expected[PAIRS[0]]], abs=1e-5
+    )

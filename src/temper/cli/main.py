@@ -87,7 +87,9 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--served-model-name", default=None, help="model id clients send")
     rm = sub.add_parser("serve-rm", help="serve a reward model (POST /score) with dynamic batching")
-    rm.add_argument("model", help="directory of a one-label sequence-classification model")
+    rm.add_argument(
+        "model", help='directory of a one-label sequence-classification model, or "tiny-rm"'
+    )
     rm.add_argument("--host", default="127.0.0.1")
     rm.add_argument("--port", type=int, default=8001)
     rm.add_argument("--max-batch-size", type=int, default=32)

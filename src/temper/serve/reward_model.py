@@ -2,11 +2,12 @@
 
 `RewardModelBatcher` queues (prompt, response) pairs; a worker task collects
 up to ``max_batch_size`` of them, or waits at most ``max_wait_ms`` after the
-oldest one arrived, sorts the batch by length, tokenizes it with padding and
-runs one forward of an `AutoModelForSequenceClassification` (with one label)
-on the compute thread (`temper.compute.arun`). Each pair's future gets its
-scalar score. The queue is bounded (``max_queue`` pairs): when full, new
-requests fail at once with `Overloaded`. `close()` fails every pending pair
+oldest one arrived, and scores them with `score_pairs` on the compute thread
+(`temper.compute.arun`): one tokenizer call, rows sorted by token length, one
+padded forward of an `AutoModelForSequenceClassification` (with one label)
+per group of similar lengths. Each pair's future gets its scalar score. The
+queue is bounded (``max_queue`` pairs): when full, new requests fail at once
+with `Overloaded`. `close()` fails every pending pair
 with `BatcherClosed` instead of leaving it hanging.
 
 `create_app(batcher)` serves it: ``POST /score`` with
@@ -122,22 +123,67 @@ def load_reward_model(path: str | Path) -> tuple[Any, Any]:
     return model.eval(), tokenizer
 
 
+#: What one extra forward costs, in padded tokens: a forward's fixed Python
+#: and dispatch work on CPU takes about as long as the tiny RM spends on this
+#: many tokens. `length_groups` splits a batch where padding would cost more.
+SPLIT_COST_TOKENS = 64
+
+
+def length_groups(lengths: list[int], split_cost: int = SPLIT_COST_TOKENS) -> list[int]:
+    """Where to cut ``lengths`` (sorted ascending) into separately padded forwards.
+
+    Returns the end index of each group. A group grows while the padding that
+    the next row adds to it (``rows so far * length increase``) stays within
+    ``split_cost`` tokens; otherwise the next row starts a new group. Equal
+    lengths never split, so a batch of similar texts is one forward.
+    """
+    ends: list[int] = []
+    start = 0
+    for i in range(1, len(lengths)):
+        if (i - start) * (lengths[i] - lengths[i - 1]) > split_cost:
+            ends.append(i)
+            start = i
+    return [*ends, len(lengths)] if lengths else []
+
+
+def _padded(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask) of ``rows`` right-padded to the longest, without a per-row loop."""
+    lengths = torch.tensor([len(r) for r in rows])
+    mask = torch.arange(int(lengths.max())) < lengths[:, None]
+    ids = torch.full(mask.shape, pad_id, dtype=torch.long)
+    ids[mask] = torch.tensor([t for r in rows for t in r], dtype=torch.long)
+    return ids, mask.long()
+
+
 def score_pairs(
     model: Any, tokenizer: Any, pairs: list[tuple[str, str]], max_length: int | None = None
 ) -> list[float]:
-    """One padded forward over ``pairs``; the first logit of each row (call on the compute thread)."""
-    prompts = [p for p, _ in pairs]
-    responses = [r for _, r in pairs]
-    kwargs: dict[str, Any] = {"padding": True, "return_tensors": "pt"}
+    """The first logit of the model for each pair, in order (call on the compute thread).
+
+    Tokenizes all pairs in one call (``tokenizer(prompt, response)``), sorts
+    them by token length and runs one padded forward per `length_groups`
+    group, so that a short pair never pays for the padding of a long one.
+    """
+    if not pairs:
+        return []
+    kwargs: dict[str, Any] = {}
     if max_length is not None:
         kwargs.update(truncation=True, max_length=max_length)
-    enc = tokenizer(prompts, responses, **kwargs)
+    ids = tokenizer([p for p, _ in pairs], [r for _, r in pairs], **kwargs)["input_ids"]
+    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
+    ends = length_groups([len(ids[i]) for i in order])
     device = next(model.parameters()).device
-    with torch.inference_mode():
-        logits = model(
-            input_ids=enc["input_ids"].to(device), attention_mask=enc["attention_mask"].to(device)
-        ).logits
-    return logits[:, 0].float().cpu().tolist()
+    scores = [0.0] * len(ids)
+    start = 0
+    for end in ends:
+        rows = order[start:end]
+        input_ids, mask = _padded([ids[i] for i in rows], tokenizer.pad_token_id)
+        with torch.inference_mode():
+            logits = model(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits
+        for i, value in zip(rows, logits[:, 0].float().cpu().tolist(), strict=True):
+            scores[i] = value
+        start = end
+    return scores
 
 
 @dataclass
@@ -278,7 +324,6 @@ class RewardModelBatcher:
             batch = await self._collect()
             if not batch:
                 continue
-            batch.sort(key=lambda it: len(it.prompt) + len(it.response))
             pairs = [(it.prompt, it.response) for it in batch]
             try:
                 scores = await compute.arun(
