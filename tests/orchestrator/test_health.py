@@ -3,6 +3,8 @@
 import json
 import math
 
+import torch
+
 from temper.cli.main import main
 from temper.monitor.health import HealthCheck, HealthConfig, HealthMonitor
 
@@ -95,3 +97,75 @@ def test_stop_action_checkpoints_and_stops_a_real_run(tmp_path):
     assert alert["check"] == "entropy_collapse" and alert["action"] == "stop"
     assert any(e["kind"] == "stopped_by_health_check" for e in events)
     assert (run / "checkpoints" / "step_1" / "model.safetensors").is_file()
+
+
+def test_skip_action_undoes_each_update_of_a_real_run(tmp_path):
+    # A train/inference mismatch above 0 fires on every step: each update is undone,
+    # the engine keeps the shipped weights, and the run goes on to the end.
+    from safetensors.torch import load_file
+
+    from temper.models import resolve_model_path
+
+    code = main(
+        [
+            "train",
+            f"--run.output_dir={tmp_path}",
+            "--run.name=skip",
+            "--orchestrator.steps=3",
+            "--orchestrator.prompts_per_step=2",
+            "--orchestrator.group_size=4",
+            "--orchestrator.drop_zero_variance_groups=false",
+            "--trainer.lr=1e-2",
+            "--eval.at_start=false",
+            "--eval.at_end=false",
+            "--eval.every=0",
+            "--log.progress=false",
+            "--health.mismatch.threshold=0",
+            "--health.mismatch.action=skip",
+        ]
+    )
+    assert code == 0
+    run = tmp_path / "skip"
+    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [m["step"] for m in metrics] == [1, 2, 3]
+    assert all(m["update_skipped"] == 1.0 and m["policy_version"] == 0 for m in metrics)
+    events = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
+    alerts = [e for e in events if e["kind"] == "alert"]
+    assert [(a["step"], a["check"], a["action"]) for a in alerts] == [
+        (s, "mismatch", "skip") for s in (1, 2, 3)
+    ]
+    shipped = load_file(str(resolve_model_path("tiny") / "model.safetensors"))
+    final = load_file(str(run / "checkpoints" / "step_3" / "model.safetensors"))
+    assert all(torch.equal(final[name], shipped[name]) for name in shipped)
+
+
+def test_skip_keeps_good_updates(tmp_path):
+    # A skip check that never fires changes nothing: the weights move.
+    from safetensors.torch import load_file
+
+    from temper.models import resolve_model_path
+
+    code = main(
+        [
+            "train",
+            f"--run.output_dir={tmp_path}",
+            "--run.name=noskip",
+            "--orchestrator.steps=1",
+            "--orchestrator.prompts_per_step=2",
+            "--orchestrator.group_size=4",
+            "--orchestrator.drop_zero_variance_groups=false",
+            "--trainer.lr=1e-2",
+            "--eval.at_start=false",
+            "--eval.at_end=false",
+            "--eval.every=0",
+            "--log.progress=false",
+            "--health.mismatch.threshold=10",
+            "--health.mismatch.action=skip",
+        ]
+    )
+    assert code == 0
+    m = json.loads((tmp_path / "noskip" / "metrics.jsonl").read_text().splitlines()[0])
+    assert "update_skipped" not in m and m["policy_version"] == 1
+    shipped = load_file(str(resolve_model_path("tiny") / "model.safetensors"))
+    final = load_file(str(tmp_path / "noskip" / "checkpoints" / "step_1" / "model.safetensors"))
+    assert any(not torch.equal(final[name], shipped[name]) for name in shipped)

@@ -6,6 +6,10 @@ Each check has a threshold and an action from its `HealthCheck` config:
 
 - ``warn``: log the alert (``events.jsonl`` and the progress display);
 - ``stop``: also checkpoint and stop the run after this step;
+- ``skip``: also undo this step's update (weights and optimizer state go back
+  to where the step started, and the engine keeps the old weights); the run
+  goes on with the next step. ``reward_hacking`` fires after evals, not on a
+  step, so ``skip`` acts like ``warn`` there.
 
 Checks (a missing metric skips its check):
 
@@ -35,14 +39,17 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-Action = Literal["warn", "stop"]
+Action = Literal["warn", "stop", "skip"]
 
 
 class HealthCheck(BaseModel):
     model_config = ConfigDict(extra="forbid")
     enabled: bool = Field(True, description="Run this check.")
     threshold: float = Field(description="The check's limit (see temper.monitor.health).")
-    action: Action = Field("warn", description="warn: log it; stop: checkpoint and stop.")
+    action: Action = Field(
+        "warn",
+        description="warn: log it; stop: checkpoint and stop; skip: undo this step's update.",
+    )
 
 
 def _check(threshold: float, action: Action = "warn") -> Any:
@@ -82,6 +89,11 @@ class HealthMonitor:
 
     def __init__(self, cfg: HealthConfig) -> None:
         self.cfg = cfg
+        #: Some per-step check may undo an update: the orchestrator snapshots before each.
+        self.may_skip = any(
+            isinstance(c, HealthCheck) and c.enabled and c.action == "skip"
+            for c in (getattr(cfg, name) for name in type(cfg).model_fields)
+        )
         self._lengths: list[float] = []
         self._throughput: deque[float] = deque(maxlen=cfg.window)
         self._reward_at_eval: float | None = None

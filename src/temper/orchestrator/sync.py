@@ -169,6 +169,9 @@ class SyncOrchestrator:
         self.health = HealthMonitor(cfg.health)
         self._checkpointed = -1
         self.async_rollouts: AsyncRollouts | None = None
+        self._step_alerts: list[Alert] | None = None
+        if self.health.may_skip and getattr(self.trainer, "snapshot", None) is None:
+            raise ConfigError("health checks with action 'skip' need trainer.world_size = 1")
 
     def _check_prompts_fit(self) -> None:
         """Fail before any work if a dataset prompt cannot fit in the context.
@@ -250,9 +253,17 @@ class SyncOrchestrator:
             groups, cfg.algo.advantage, cfg.orchestrator.drop_zero_variance_groups
         )
         train = bool(kept) and mode != "rollout_only"
+        snapshot = None
+        if train and self.health.may_skip:  # a "skip" check may undo this update
+            snapshot = await compute.arun(self.trainer.snapshot)
         with stage("train"):
             train_stats = await compute.arun(self.trainer.train_step, kept) if train else {}
         t3 = time.perf_counter()
+        self._step_alerts = None
+        if snapshot is not None:
+            train = await self._check_before_publish(
+                step, flat, train_stats, rollout_stats, snapshot
+            )
         if train:
             with stage("weight_sync"):
                 self.engine.update_weights(self.trainer.engine_state_dict(), version=step)
@@ -291,6 +302,26 @@ class SyncOrchestrator:
         if failures:
             self.events.write({"step": step, "kind": "reward_errors", "count": failures})
         return m
+
+    async def _check_before_publish(
+        self,
+        step: int,
+        flat: list[Trajectory],
+        train_stats: dict[str, Any],
+        rollout_stats: dict[str, float],
+        snapshot: dict,
+    ) -> bool:
+        """Run the health checks before the new weights go out; False if a "skip" undid them."""
+        probe = {**rollout_metrics(flat), **train_stats}
+        probe["gen_tokens_per_s"] = probe["tokens_generated"] / max(
+            rollout_stats["time_generate_s"], 1e-9
+        )
+        self._step_alerts = self.health.check(step, probe)
+        if not any(a.action == "skip" for a in self._step_alerts):
+            return True
+        await compute.arun(self.trainer.restore, snapshot)
+        train_stats["update_skipped"] = 1.0
+        return False
 
     def checkpoint(self, step: int) -> None:
         if self._checkpointed == step:
@@ -362,7 +393,10 @@ class SyncOrchestrator:
             m = await self._step(step, progress)
             self.metrics.write(m)
             progress.update(step, m)
-            alerts = self.health.check(step, m)
+            # Checked already (before publishing) when a check may skip the update.
+            alerts = (
+                self._step_alerts if self._step_alerts is not None else self.health.check(step, m)
+            )
             if cfg.eval.every and step % cfg.eval.every == 0 and step != steps:
                 last_eval = await self.evaluate(step)
                 progress.log(_eval_line(step, last_eval))

@@ -20,6 +20,7 @@ norm are combined. Here they keep everything local.
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 from collections import defaultdict
 
@@ -283,6 +284,19 @@ class PolicyTrainer:
     def engine_state_dict(self) -> dict[str, torch.Tensor]:
         """Current weights, detached, for publishing to engines."""
         return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+    def snapshot(self) -> dict:
+        """A copy of the weights and optimizer/scheduler state, for `restore` (a skipped step)."""
+        return {
+            "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+            "trainer": copy.deepcopy(self.state_dict()),
+        }
+
+    def restore(self, snapshot: dict) -> None:
+        """Undo everything since `snapshot`: weights, optimizer and scheduler state."""
+        with torch.no_grad():
+            self.model.load_state_dict(snapshot["model"])
+        self.load_state_dict(snapshot["trainer"])
 
     def state_dict(self) -> dict:
         return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
