@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import sys
 import time
 from pathlib import Path
 from types import ModuleType
@@ -97,6 +98,7 @@ class WandbSink:
         kwargs: dict[str, Any] = {}
         if not os.environ.get("WANDB_DIR"):
             kwargs["dir"] = str(directory)
+        self._exit_before = sys.exit
         self.run = wandb.init(
             project=project,
             entity=entity,
@@ -114,6 +116,10 @@ class WandbSink:
 
     def close(self) -> None:
         self.run.finish()
+        # wandb.init replaces sys.exit with its own hook and keeps it after finish();
+        # put ours back so later code (and pickling sys.exit by name) sees the real one.
+        if sys.exit is not self._exit_before:
+            sys.exit = self._exit_before
 
 
 _MLFLOW_BAD_CHARS = re.compile(r"[^\w\-. :/]")

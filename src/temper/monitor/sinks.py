@@ -50,8 +50,20 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 def truncate_jsonl_after_step(path: Path, step: int) -> None:
-    """Drop records with `step > step` (used when resuming from a checkpoint)."""
-    kept = [r for r in read_jsonl(path) if r.get("step", 0) <= step]
+    """Drop records with `step > step` (used when resuming from a checkpoint).
+
+    A last line cut short (the run was killed while writing it) is dropped too;
+    a bad line anywhere else still raises.
+    """
+    lines = (
+        [line for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+    )
+    if lines:
+        try:
+            json.loads(lines[-1])
+        except json.JSONDecodeError:
+            lines.pop()
+    kept = [r for r in map(json.loads, lines) if r.get("step", 0) <= step]
     path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
 
 

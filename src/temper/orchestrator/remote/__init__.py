@@ -1,0 +1,15 @@
+"""Rollout workers in separate processes (``orchestrator.backend = "process"``).
+
+- `worker.RolloutWorker`: engine + rollout source built from the run config,
+  free of any transport (a Ray actor can wrap it as is);
+- `process`: the worker process's serving loop and the orchestrator's handle
+  (messages over a multiprocessing Pipe, heartbeats);
+- `pool.WorkerPool`: supervision, dispatch, retries, restarts;
+- `rollouts.RemoteRollouts`: the rollout source and engine facade the
+  orchestrator uses. See docs/workers.md.
+"""
+
+from temper.orchestrator.remote.pool import WorkerError, WorkerPool
+from temper.orchestrator.remote.rollouts import RemoteRollouts, build_remote_rollouts
+
+__all__ = ["RemoteRollouts", "WorkerError", "WorkerPool", "build_remote_rollouts"]

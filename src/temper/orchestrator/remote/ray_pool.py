@@ -1,0 +1,506 @@
+"""`RayWorkerPool`: rollout workers as Ray actors, with `WorkerPool`'s interface and semantics.
+
+Each worker is an async Ray actor (`ray_actor.RayRolloutActor`, a `RolloutWorker`
+built inside it) in its own bundle of one placement group (PACK by default:
+as few nodes as possible; SPREAD: one per node where possible). Requests go to
+the least-loaded actor that is ready and holds the pool's weight version; each
+is one actor call, so many run at once in one actor.
+
+One supervisor thread ``ray.wait``s on every outstanding call (requests, weight
+loads, pings, start-up) and settles them; it also pings each ready actor every
+``heartbeat_timeout_s / 5`` in the actor's health concurrency group.
+
+Fault tolerance (as `WorkerPool`):
+
+- **Dead actor** (`RayActorError`: its process SIGKILLed, OOM-killed, its node
+  gone): a new actor takes its slot and bundle (it starts with the newest
+  weights); its in-flight requests go back to the front of the queue with
+  ``retries + 1``.
+- **Hung actor**: nothing heard from it (no result, no ping reply) for
+  ``heartbeat_timeout_s`` once ready, or not ready after ``start_timeout_s``:
+  ``ray.kill``, then handled as dead.
+- A request retried more than ``max_retries`` times fails with `WorkerError`
+  naming its task. An actor whose constructor raises at the first start, or
+  that fails to start more than ``max_retries`` times in a row, fails the pool.
+- **Exactly once**: a result is accepted only from the call the request is
+  currently assigned to, and only once; anything else is counted and dropped.
+
+Weights: `set_version` reads the version from the driver's shared-memory ring,
+``ray.put``s it once and has every actor load that object, so actors on other
+nodes get it too; actors started later get the newest object at start.
+
+Not done: retrying requests that *raised* inside an actor (they fail as they
+would in one process), or surviving the loss of the driver (its actors die
+with its Ray job).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from temper.orchestrator.remote.pool import Done, PoolStats, WorkerError
+from temper.orchestrator.remote.ray_actor import HEALTH_GROUP, RayRolloutActor, import_ray
+
+#: Concurrent calls one actor runs (the engine batches them; Ray's async default is 1000).
+MAX_CONCURRENCY = 1024
+
+
+@dataclass(eq=False)
+class _Actor:
+    """The pool's handle on one actor (one slot, one generation)."""
+
+    index: int
+    generation: int
+    handle: Any
+    started_at: float
+    last_seen: float
+    ready: bool = False
+    dead: bool = False
+    version: int | None = None
+    loading: int | None = None  # the version a load_state call is out for
+    pinging: bool = False
+    info: dict[str, Any] = field(default_factory=dict)
+    in_flight: set[int] = field(default_factory=set)
+
+    @property
+    def pid(self) -> int:
+        return int(self.info.get("pid", -1))
+
+    def __repr__(self) -> str:
+        return f"worker {self.index} (Ray actor, pid {self.pid})"
+
+
+@dataclass(eq=False)
+class _Request:
+    rid: int
+    label: str
+    body: Any  # (tasks, params, seed), as for WorkerPool
+    done: Done
+    retries: int = 0
+    worker: _Actor | None = None
+    ref: Any = None
+
+
+class RayWorkerPool:
+    """``n`` supervised rollout actors for ``cfg`` (see the module doc).
+
+    Same public interface as `WorkerPool`: `start` blocks until every actor is
+    ready; `submit` / `cancel` / `set_version` may be called from any thread;
+    `close` stops everything. Ray must be initialised first (`start_ray`).
+    ``ring_root`` is the driver's weight ring (None: versions are numbers only).
+    """
+
+    def __init__(
+        self,
+        cfg: Any,
+        model_path: str,
+        n: int,
+        *,
+        ring_root: str | None,
+        heartbeat_timeout_s: float,
+        max_retries: int,
+        num_cpus: float = 1.0,
+        num_gpus: float = 0.0,
+        placement: str = "pack",
+        start_version: int = 0,
+        start_timeout_s: float | None = None,
+        log: Callable[[str], None] | None = None,
+    ) -> None:
+        if placement not in ("pack", "spread"):
+            raise ValueError(f"placement must be 'pack' or 'spread', got {placement!r}")
+        self.cfg, self.model_path, self.n = cfg, model_path, n
+        self.heartbeat_timeout_s, self.max_retries = heartbeat_timeout_s, max_retries
+        self.num_cpus, self.num_gpus, self.placement = num_cpus, num_gpus, placement
+        # Scheduling an actor waits for its bundle's resources, then it loads torch and
+        # a model: starting actors get much more time than ready ones.
+        self.start_timeout_s = start_timeout_s or max(3 * heartbeat_timeout_s, 120.0)
+        self.log = log or (lambda line: print(f"temper: {line}", file=sys.stderr, flush=True))
+        self.stats = PoolStats()
+        self.target_version = start_version
+        self._ring = None
+        if ring_root is not None:
+            from temper.weights.shm_ring import SharedMemoryRingTransport
+
+            self._ring = SharedMemoryRingTransport(ring_root)
+        self._ray = import_ray()
+        self._actor_cls = self._ray.remote(
+            num_cpus=num_cpus,
+            num_gpus=num_gpus,
+            max_concurrency=MAX_CONCURRENCY,
+            concurrency_groups={HEALTH_GROUP: 2},
+            max_restarts=0,  # the pool replaces actors itself, with their requests
+        )(RayRolloutActor)
+        self._pg: Any = None
+        self._state_ref: Any = None  # newest published weights in the object store
+        self._lock = threading.Condition()
+        self._workers: list[_Actor] = []
+        self._requests: dict[int, _Request] = {}
+        self._pending: deque[_Request] = deque()
+        self._calls: dict[Any, tuple[str, _Actor, int]] = {}  # ObjectRef -> (kind, actor, rid)
+        self._next_rid = 1
+        self._rr = 0
+        self._error: WorkerError | None = None
+        self._closing = False
+        self._thread = threading.Thread(target=self._supervise, daemon=True, name="temper-ray")
+
+    # ------------------------------------------------------------ public
+
+    def start(self) -> dict[str, Any]:
+        """Place the actors, start them and wait until all are ready; returns the first's info."""
+        from ray.util.placement_group import placement_group
+
+        bundle: dict[str, float] = {"CPU": self.num_cpus}
+        if self.num_gpus:
+            bundle["GPU"] = self.num_gpus
+        self._pg = placement_group([dict(bundle)] * self.n, strategy=self.placement.upper())
+        try:
+            self._ray.get(self._pg.ready(), timeout=self.start_timeout_s)
+        except self._ray.exceptions.GetTimeoutError:
+            raise WorkerError(
+                f"Ray could not place {self.n} rollout worker(s) of {bundle} each "
+                f"({self.placement}) within {self.start_timeout_s:.0f}s; the cluster has "
+                f"{self._ray.cluster_resources()}"
+            ) from None
+        with self._lock:
+            self._workers = [self._spawn(i, 0) for i in range(self.n)]
+        self._thread.start()
+        with self._lock:
+            while not all(w.ready for w in self._workers):
+                self._raise_if_failed()
+                self._lock.wait(0.5)
+            return dict(self._workers[0].info)
+
+    def pids(self) -> list[int]:
+        """The current actors' process ids (-1 while one is starting)."""
+        with self._lock:
+            return [w.pid for w in self._workers]
+
+    def in_flight(self) -> dict[int, int]:
+        """Requests in flight per actor pid."""
+        with self._lock:
+            return {w.pid: len(w.in_flight) for w in self._workers}
+
+    def submit(self, label: str, body: Any, done: Done) -> int:
+        """Queue a ``groups`` request, ``body = (tasks, params, seed)``; ``done(result,
+        error)`` is called once, on the supervisor (or calling) thread. Returns its id."""
+        with self._lock:
+            self._raise_if_failed()
+            rid = self._next_rid
+            self._next_rid += 1
+            req = _Request(rid, label, body, done)
+            self._requests[rid] = req
+            self._pending.append(req)
+            self._dispatch()
+        return rid
+
+    def cancel(self, rid: int) -> None:
+        """Forget request ``rid`` (no-op once it finished); its actor call is cancelled."""
+        with self._lock:
+            req = self._requests.pop(rid, None)
+            if req is None:
+                return
+            if req.worker is None:
+                self._pending.remove(req)
+                return
+            req.worker.in_flight.discard(rid)
+            with contextlib.suppress(Exception):  # already finished, or its actor is gone
+                self._ray.cancel(req.ref)
+
+    def set_version(self, version: int) -> None:
+        """Make every actor hold weights ``version`` (in the driver's ring, or the start
+        weights when nothing was published); blocks until all have it. Actors that
+        restart meanwhile start with it."""
+        state_ref = None
+        if self._ring is not None and self._ring.latest_version() is not None:
+            state, _ = self._ring.receive(version)
+            state_ref = self._ray.put(state)  # one copy out of the ring, shared by all actors
+            del state
+        with self._lock:
+            self._raise_if_failed()
+            self.target_version = version
+            self._state_ref = state_ref
+            for w in self._workers:
+                self._sync_version(w)
+            while not all(w.ready and w.version == version for w in self._workers):
+                self._raise_if_failed()
+                self._lock.wait(0.5)
+            self._dispatch()
+
+    def metrics(self) -> dict[str, float]:
+        s = self.stats
+        with self._lock:
+            in_flight = sum(len(w.in_flight) for w in self._workers)
+        return {
+            "workers/restarts_total": float(s.restarts),
+            "workers/retries_total": float(s.retries),
+            "workers/hung_total": float(s.hung),
+            "workers/in_flight": float(in_flight),
+        }
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the supervisor, ask actors to close, kill them after ``timeout_s``,
+        remove the placement group; fail requests still pending. Idempotent."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            workers = list(self._workers)
+            orphans = list(self._requests.values())
+            self._requests.clear()
+            self._pending.clear()
+            self._calls.clear()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+        if self._ray.is_initialized():  # Ray may have shut down first (interpreter exit)
+            self._stop_actors(workers, timeout_s)
+        for req in orphans:
+            req.done(None, WorkerError(f"rollout request for task {req.label!r}: pool closed"))
+
+    def _stop_actors(self, workers: list[_Actor], timeout_s: float) -> None:
+        with contextlib.suppress(Exception):
+            closing = [w.handle.close.remote() for w in workers if w.ready and not w.dead]
+            if closing:
+                self._ray.wait(closing, num_returns=len(closing), timeout=timeout_s)
+        for w in workers:
+            with contextlib.suppress(Exception):
+                self._ray.kill(w.handle, no_restart=True)
+        if self._pg is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            with contextlib.suppress(Exception):
+                remove_placement_group(self._pg)
+
+    # ------------------------------------------------------------ internals (hold the lock)
+
+    def _spawn(self, index: int, generation: int) -> _Actor:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        strategy = PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=index)
+        handle = self._actor_cls.options(scheduling_strategy=strategy).remote(
+            self.cfg, self.model_path, self.target_version, self._state_ref
+        )
+        now = time.monotonic()
+        w = _Actor(index, generation, handle, now, now)
+        self._calls[handle.info.remote()] = ("ready", w, 0)
+        return w
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise self._error
+
+    def _sync_version(self, w: _Actor) -> None:
+        target = self.target_version
+        if w.ready and not w.dead and w.version != target and w.loading != target:
+            w.loading = target
+            self._calls[w.handle.load_state.remote(self._state_ref, target)] = ("weights", w, 0)
+
+    def _dispatch(self) -> None:
+        """Send pending requests to ready, up-to-date actors, least loaded first."""
+        while self._pending:
+            ok = [
+                w
+                for w in self._workers
+                if w.ready and not w.dead and w.version == self.target_version
+            ]
+            if not ok:
+                return
+            self._rr += 1
+            w = min(ok, key=lambda w: (len(w.in_flight), (w.index - self._rr) % self.n))
+            req = self._pending.popleft()
+            req.worker = w
+            w.in_flight.add(req.rid)
+            req.ref = w.handle.groups.remote(req.rid, *req.body)
+            self._calls[req.ref] = ("groups", w, req.rid)
+
+    def _fail(self, error: WorkerError) -> None:
+        """A fatal pool error: every request fails with it, later calls raise it."""
+        self._error = error
+        for req in list(self._requests.values()):
+            req.done(None, error)
+        self._requests.clear()
+        self._pending.clear()
+        for w in self._workers:
+            w.in_flight.clear()
+        self._lock.notify_all()
+
+    # ------------------------------------------------------------ supervisor thread
+
+    def _supervise(self) -> None:
+        try:
+            self._watch()
+        except Exception as exc:  # a bug here must fail the run, not hang it
+            traceback.print_exc()
+            with self._lock:
+                self._fail(WorkerError(f"Ray rollout supervisor crashed: {exc!r}"))
+
+    def _watch(self) -> None:
+        # New calls join the wait at the next tick: the tick bounds the added latency.
+        tick = min(0.05, self.heartbeat_timeout_s / 10)
+        while True:
+            with self._lock:
+                if self._closing:
+                    return
+                refs = list(self._calls)
+            if refs:
+                ready, _ = self._ray.wait(refs, num_returns=1, timeout=tick)
+                if ready:
+                    ready, _ = self._ray.wait(refs, num_returns=len(refs), timeout=0)
+            else:
+                ready = []
+                time.sleep(tick)
+            for ref in ready:
+                self._settle(ref)
+            self._check_health()
+
+    def _settle(self, ref: Any) -> None:
+        """Handle one finished call: its value, the error it raised, or its actor's death."""
+        exceptions = self._ray.exceptions
+        with self._lock:
+            entry = self._calls.pop(ref, None)
+        if entry is None:
+            return  # its actor was already replaced, or the pool is closing
+        kind, w, rid = entry
+        value: Any = None
+        error: BaseException | None = None
+        try:
+            value = self._ray.get(ref)
+        except exceptions.TaskCancelledError:
+            with self._lock:
+                self.stats.stale_results += 1
+            return
+        except exceptions.RayTaskError as exc:  # raised inside the actor method
+            error = exc.cause if isinstance(exc.cause, BaseException) else exc
+        except exceptions.RayError as exc:  # actor died, node lost, object lost
+            self._died(w, _reason(exc), hung=False, init_failed=_init_failed(exc))
+            return
+        with self._lock:
+            if w.dead or self._closing:
+                return
+            w.last_seen = time.monotonic()
+            if kind == "groups":
+                self._on_result(w, rid, value, error)
+            elif kind == "ready":
+                self._on_ready(w, value, error)
+            elif kind == "weights":
+                self._on_weights(w, value, error)
+            else:  # ping
+                w.pinging = False
+
+    def _on_result(self, w: _Actor, rid: int, value: Any, error: BaseException | None) -> None:
+        req = self._requests.get(rid)
+        w.in_flight.discard(rid)
+        if req is None or req.worker is not w:
+            self.stats.stale_results += 1  # cancelled, or superseded by a retry
+            return
+        del self._requests[rid]
+        self._dispatch()
+        req.done(value, error)
+
+    def _on_ready(self, w: _Actor, info: Any, error: BaseException | None) -> None:
+        if error is not None:  # info() itself raised: a broken worker, not a dead one
+            self._fail(WorkerError(f"rollout {w} failed to start: {error!r}"))
+            return
+        w.ready, w.info, w.version = True, dict(info), int(info["version"])
+        self.stats.failed_starts.pop(w.index, None)
+        self._sync_version(w)
+        self._dispatch()
+        self._lock.notify_all()
+
+    def _on_weights(self, w: _Actor, version: Any, error: BaseException | None) -> None:
+        w.loading = None
+        if error is not None:
+            self._fail(WorkerError(f"{w} could not load weights: {error!r}"))
+            return
+        w.version = int(version)
+        self._sync_version(w)  # a newer version may have been set meanwhile
+        self._dispatch()
+        self._lock.notify_all()
+
+    def _check_health(self) -> None:
+        """Ping ready actors; kill those silent too long (see the module doc)."""
+        now = time.monotonic()
+        every = self.heartbeat_timeout_s / 5
+        late: list[tuple[_Actor, str]] = []
+        with self._lock:
+            for w in self._workers:
+                if w.dead:
+                    continue
+                if not w.ready:
+                    if now - w.started_at > self.start_timeout_s:
+                        late.append((w, f"not ready after {now - w.started_at:.1f}s"))
+                    continue
+                if now - w.last_seen > self.heartbeat_timeout_s:
+                    late.append((w, f"no reply for {now - w.last_seen:.1f}s"))
+                elif not w.pinging and now - w.last_seen > every:
+                    w.pinging = True
+                    ping = w.handle.ping.options(concurrency_group=HEALTH_GROUP).remote()
+                    self._calls[ping] = ("ping", w, 0)
+        for w, why in late:
+            self._died(w, why, hung=True)
+
+    def _died(self, w: _Actor, why: str, hung: bool, init_failed: bool = False) -> None:
+        """Kill and replace ``w``; requeue its requests or fail those out of retries."""
+        with self._lock:
+            if w.dead or self._closing:
+                return
+            w.dead = True
+            with contextlib.suppress(Exception):  # a hung actor still runs; a dead one is gone
+                self._ray.kill(w.handle, no_restart=True)
+            # Its other calls will only report its death again.
+            self._calls = {r: e for r, e in self._calls.items() if e[1] is not w}
+            self.stats.hung += hung
+            if not w.ready and self._error is None:
+                self._start_failed(w, why, init_failed)
+            if self._error is not None:
+                return
+            requeue = [self._requests[rid] for rid in sorted(w.in_flight) if rid in self._requests]
+            w.in_flight.clear()
+            for req in reversed(requeue):
+                req.worker, req.ref = None, None
+                req.retries += 1
+                if req.retries > self.max_retries:
+                    del self._requests[req.rid]
+                    req.done(None, self._out_of_retries(req, w, why))
+                else:
+                    self.stats.retries += 1
+                    self._pending.appendleft(req)
+            self.log(
+                f"rollout {w} {'hung' if hung else 'died'} ({why}); restarting it, "
+                f"{len(requeue)} request(s) to retry"
+            )
+            self._workers[w.index] = self._spawn(w.index, w.generation + 1)
+            self.stats.restarts += 1
+            self._dispatch()
+            self._lock.notify_all()
+
+    def _start_failed(self, w: _Actor, why: str, init_failed: bool) -> None:
+        n = self.stats.failed_starts.get(w.index, 0) + 1
+        self.stats.failed_starts[w.index] = n
+        # A constructor error at the first start (a bad config or model) would only repeat.
+        if (w.generation == 0 and init_failed) or n > self.max_retries:
+            self._fail(WorkerError(f"rollout {w} failed to start ({n}x): {why}"))
+
+    def _out_of_retries(self, req: _Request, w: _Actor, why: str) -> WorkerError:
+        return WorkerError(
+            f"rollout request for task {req.label!r} failed: its worker died "
+            f"{req.retries} time(s), more than orchestrator.max_retries = {self.max_retries} "
+            f"(last: {w}, {why})"
+        )
+
+
+def _reason(exc: BaseException) -> str:
+    """Ray's error text on one line (it names the cause: exit type, signal, node)."""
+    text = " ".join(str(exc).split())
+    return text if len(text) <= 400 else text[:400] + "..."
+
+
+def _init_failed(exc: BaseException) -> bool:
+    return bool(getattr(exc, "actor_init_failed", False))

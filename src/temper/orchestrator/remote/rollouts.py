@@ -1,0 +1,255 @@
+"""`RemoteRollouts`: the run's rollout source and engine, served by worker processes.
+
+With ``orchestrator.backend = "process"`` the orchestrator builds no local
+engine. It holds one `RemoteRollouts`, which is both
+
+- the rollout source (``async groups(tasks, params, seed)``): each task's group
+  is its own request to the `WorkerPool`, so groups spread over the workers and
+  a dead worker costs only its own groups (they are retried elsewhere); and
+- the engine as far as the loop is concerned: ``update_weights`` publishes to a
+  shared-memory ring and waits until every worker has loaded the version;
+  ``version``, ``max_context``, ``release_memory`` (always False: the workers
+  own their caches), ``close``.
+
+Seeds: group i of a call with ``seed`` samples as it would locally (single-turn:
+the same per-task seed, so a group does not depend on which worker made it or
+how often it was retried). Env episodes get the per-request seed
+``seed * 100003 + i`` (the local source spaces episodes differently, so the
+samples differ from a local run's, but are as reproducible).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import os
+import re
+import shutil
+import tempfile
+import time
+import weakref
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from temper import compute
+from temper.config import Config
+from temper.data.base import Task
+from temper.engine.base import SamplingParams
+from temper.orchestrator.remote.pool import WorkerPool
+from temper.orchestrator.remote.process import WorkerSpec
+from temper.rollout.sources import Groups
+from temper.rollout.trajectory import Trajectory
+from temper.weights.shm_ring import SharedMemoryRingTransport
+
+if TYPE_CHECKING:
+    from temper.orchestrator.build import Rollouts
+
+#: Per-task seed spacing, as in `temper.rollout.single_turn.rollout_groups`.
+_TASK_SEED_STRIDE = 100003
+_LIVE: weakref.WeakSet[RemoteRollouts] = weakref.WeakSet()
+
+
+class RemoteRollouts:
+    """Rollout source + engine facade over a pool of rollout worker processes."""
+
+    def __init__(self, pool: WorkerPool, ring: SharedMemoryRingTransport, episodes: bool) -> None:
+        self.pool, self.ring, self.episodes = pool, ring, episodes
+        self._version = pool.target_version
+        self.max_context = 0
+        self._closed = False
+
+    @classmethod
+    def start(cls, cfg: Config, model_path: str, run_dir: Path | None = None) -> RemoteRollouts:
+        """Spawn ``orchestrator.rollout_workers`` workers for ``cfg`` and wait until ready.
+
+        ``model_path`` is what the workers build their engine from (the base model
+        or the checkpoint being resumed). Worker pid files go to ``run_dir/workers``.
+        """
+        o = cfg.orchestrator
+        ring = SharedMemoryRingTransport(_ring_root(cfg.run.name))
+        spec = WorkerSpec(cfg, model_path, str(ring.root), 0, o.heartbeat_timeout_s / 5)
+        pool = WorkerPool(
+            spec,
+            o.rollout_workers,
+            heartbeat_timeout_s=o.heartbeat_timeout_s,
+            max_retries=o.max_retries,
+            pid_dir=run_dir / "workers" if run_dir is not None else None,
+        )
+        self = cls(pool, ring, episodes=cfg.env.enabled)
+        _LIVE.add(self)
+        try:
+            self.max_context = int(pool.start()["max_context"])
+        except BaseException:
+            self._shutdown()
+            raise
+        return self
+
+    @staticmethod
+    def live() -> list[RemoteRollouts]:
+        """Every started, not yet closed instance in this process (tests use it)."""
+        return [r for r in _LIVE if not r._closed]
+
+    # ------------------------------------------------------------ rollout source
+
+    async def groups(
+        self, tasks: list[Task], params: SamplingParams, seed: int | None = None
+    ) -> tuple[Groups, dict[str, float]]:
+        """One group per task, each made by some worker; stats summed over requests
+        (``time_generate_s`` is this call's wall time, generation and scoring)."""
+        loop = asyncio.get_running_loop()
+        t0 = time.perf_counter()
+        futures: list[asyncio.Future[Any]] = []
+        rids: list[int] = []
+        try:
+            for i, task in enumerate(tasks):
+                fut = loop.create_future()
+                futures.append(fut)
+                rids.append(
+                    self.pool.submit(
+                        task.id, self._request(task, params, seed, i), _resolver(loop, fut)
+                    )
+                )
+            replies = await asyncio.gather(*futures)
+        finally:  # an error or a cancellation (async abort): drop the rest
+            for rid, fut in zip(rids, futures, strict=False):
+                if not fut.done():
+                    self.pool.cancel(rid)
+        groups: Groups = []
+        for gid, reply in enumerate(replies):
+            group = [Trajectory(**d) for d in reply["groups"][0]]
+            for t in group:
+                t.group_id = gid
+            groups.append(group)
+        wall = time.perf_counter() - t0
+        stats = {
+            "time_generate_s": wall,
+            "time_reward_s": max(
+                (r["stats"].get("time_reward_s", 0.0) for r in replies), default=0.0
+            ),
+            "reward_errors": sum(r["stats"].get("reward_errors", 0.0) for r in replies),
+        }
+        return groups, stats
+
+    def _request(self, task: Task, params: SamplingParams, seed: int | None, i: int) -> tuple:
+        if seed is None:
+            return ([task], params, None)
+        if self.episodes:
+            return ([task], params, seed * _TASK_SEED_STRIDE + i)
+        # Single-turn: the seed the local source would give task i (see the module doc).
+        return ([task], replace(params, seed=seed * _TASK_SEED_STRIDE + i), None)
+
+    # ------------------------------------------------------------ engine facade
+
+    @property
+    def version(self) -> int:
+        """The weight version every worker holds."""
+        return self._version
+
+    @version.setter
+    def version(self, value: int) -> None:
+        """Set on resume: the workers were built from that checkpoint; only the number moves."""
+        self.pool.set_version(int(value))
+        self._version = int(value)
+
+    def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
+        """Publish ``state_dict`` as ``version`` to the ring; return once every worker holds it."""
+        compute.run(self.ring.publish, state_dict, version)
+        self.pool.set_version(version)
+        self._version = version
+
+    def release_memory(self) -> bool:
+        return False  # the workers' caches are theirs; nothing to free here
+
+    def metrics(self) -> dict[str, float]:
+        """``workers/restarts_total``, ``workers/retries_total``, ``workers/hung_total``,
+        ``workers/in_flight``."""
+        return self.pool.metrics()
+
+    async def close(self) -> None:
+        """Stop the workers (graceful, then SIGKILL) and remove the weight ring."""
+        await asyncio.to_thread(self._shutdown)
+
+    def _shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.pool.close()
+        finally:
+            self.ring.destroy()
+
+
+def _resolver(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any]) -> Any:
+    """A pool callback that completes ``fut`` on its loop (thread-safe, at most once)."""
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if fut.done():
+            return
+        if error is not None:
+            fut.set_exception(error)
+        else:
+            fut.set_result(result)
+
+    def done(result: Any, error: BaseException | None) -> None:
+        # A closed loop raises RuntimeError: nobody is waiting any more.
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(settle, result, error)
+
+    return done
+
+
+def _ring_root(run_name: str) -> Path:
+    """A fresh ring directory for this run and process; removes rings of dead runs."""
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", run_name)
+    for old in base.glob(f"temper-ring-{safe}-*"):
+        pid = old.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)  # left by a run that was SIGKILLed
+    return base / f"temper-ring-{safe}-{os.getpid()}"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@atexit.register
+def _close_all() -> None:
+    """Never leave workers running: close any pool its owner forgot to close."""
+    for rollouts in list(_LIVE):
+        rollouts._shutdown()
+
+
+def build_remote_rollouts(cfg: Config, model_path: str, tokenizer: Any, run_dir: Path) -> Rollouts:
+    """The run's `Rollouts` (tasks, renderer, env spec) with a `RemoteRollouts` source.
+
+    Tasks come from the same places as in `orchestrator.build.build_rollouts`;
+    the reward and the engine live in the workers only.
+    """
+    from temper.orchestrator.build import Rollouts, build_tasks
+    from temper.rollout.single_turn import PromptRenderer
+
+    spec, renderer = None, None
+    if cfg.env.enabled:
+        from temper.envs.registry import build_env_spec
+
+        spec = build_env_spec(cfg.env.type, cfg.env.options, cfg.run.seed)
+        if spec.train is None or spec.heldout is None:
+            train, heldout = build_tasks(cfg.data, cfg.run.seed)
+        train = spec.train if spec.train is not None else train
+        heldout = spec.heldout if spec.heldout is not None else heldout
+    else:
+        train, heldout = build_tasks(cfg.data, cfg.run.seed)
+        renderer = PromptRenderer(tokenizer, cfg.data.system_prompt)
+    source = RemoteRollouts.start(cfg, model_path, run_dir)
+    return Rollouts(source, train, heldout, None, renderer, spec)
