@@ -423,7 +423,14 @@ def test_dashboard_on_a_real_training_run(browser, real_runs):
         browser.screenshot("real-run-step-time")
         browser.goto(f"{srv.url}/?runs={run}#trajectories")
         browser.wait_for("document.querySelectorAll('.heatmap span.tok').length > 0")
-        # The trainer's logprobs are recorded, so the mismatch map has values to show.
+        # A sample the trainer trained on has its logprobs, so the mismatch map has values
+        # (groups dropped for zero reward variance never reach the trainer).
+        last = sorted((real_runs / run / "trajectories").glob("step_*.jsonl"))[-1]
+        trained = [i for i, r in enumerate(read_jsonl(last)) if r.get("trainer_logprobs")]
+        assert trained, "no trained sample recorded at the last step"
+        browser.eval(
+            f"document.querySelector('#sample-list li[data-index=\"{trained[0]}\"]').click()"
+        )
         browser.eval(
             "(s => { s.value = 'mismatch'; s.dispatchEvent(new Event('change')); })"
             "(document.getElementById('traj-field'))"
