@@ -272,7 +272,7 @@ def test_process_backend_options_are_checked():
     assert (o.rollout_workers, o.heartbeat_timeout_s, o.max_retries) == (1, 30.0, 3)
     assert load_config(None, []).orchestrator.backend == "local"
     for bad, field in [
-        ("--orchestrator.backend=ray", "backend"),
+        ("--orchestrator.backend=k8s", "backend"),
         ("--orchestrator.rollout_workers=0", "rollout_workers"),
         ("--orchestrator.heartbeat_timeout_s=0", "heartbeat_timeout_s"),
         ("--orchestrator.max_retries=-1", "max_retries"),

@@ -339,25 +339,37 @@ class OrchestratorConfig(_Section):
         description="Async: on a weight update, groups in flight continue with the new "
         "weights (versions recorded per token) or are aborted and restarted.",
     )
-    backend: Literal["local", "process"] = Field(
+    backend: Literal["local", "process", "ray"] = Field(
         "local",
         description="Where rollouts run. local: engine and rollout source in the "
         "orchestrator process. process: `rollout_workers` worker processes, each with its "
-        "own engine, fed weights over shared memory (docs/workers.md).",
+        "own engine, fed weights over shared memory (docs/workers.md). ray: "
+        "`rollout_workers` Ray actors, weights through the object store (docs/scaling.md).",
+    )
+    ray_address: str | None = Field(
+        None,
+        description='backend=ray: cluster to join ("auto", "ray://host:10001"); '
+        "unset: start a local Ray cluster for the run.",
+    )
+    ray_placement: Literal["pack", "spread"] = Field(
+        "pack", description="backend=ray: placement-group strategy for the actors' bundles."
+    )
+    ray_num_cpus: float = Field(
+        1.0, gt=0, description="backend=ray: Ray CPUs per rollout actor (its bundle)."
     )
     rollout_workers: int = Field(
-        1, ge=1, description="backend=process: number of rollout worker processes."
+        1, ge=1, description="backend=process|ray: number of rollout worker processes or actors."
     )
     heartbeat_timeout_s: float = Field(
         30.0,
         gt=0,
-        description="backend=process: a ready worker silent this long is hung: it is "
+        description="backend=process|ray: a ready worker silent this long is hung: it is "
         "killed and restarted (workers beat every heartbeat_timeout_s / 5).",
     )
     max_retries: int = Field(
         3,
         ge=0,
-        description="backend=process: times a group request is resent after its worker "
+        description="backend=process|ray: times a group request is resent after its worker "
         "died or hung; one more failure stops the run with an error naming the task.",
     )
 

@@ -146,7 +146,7 @@ class SyncOrchestrator:
         pad = self.tokenizer.pad_token_id
         # world_size > 1: FSDP2 ranks in child processes (temper.trainer.distributed).
         self.trainer = build_trainer(cfg, self.model, model_path, pad if pad is not None else 0)
-        if cfg.orchestrator.backend == "process":
+        if cfg.orchestrator.backend in ("process", "ray"):
             # Engines live in worker processes; the source doubles as the engine here.
             from temper.orchestrator.remote import build_remote_rollouts
 

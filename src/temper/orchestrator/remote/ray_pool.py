@@ -26,17 +26,17 @@ Fault tolerance (as `WorkerPool`):
   currently assigned to, and only once; anything else is counted and dropped.
 
 Weights: `set_version` reads the version from the driver's shared-memory ring,
-``ray.put``s it once and has every actor load that object, so actors on other
-nodes get it too; actors started later get the newest object at start.
+``ray.put``s it once and every actor loads that object (so actors on other
+nodes get it too); actors started later get the newest object at start.
 
-Not done: retrying requests that *raised* inside an actor (they fail as they
-would in one process), or surviving the loss of the driver (its actors die
-with its Ray job).
+Not done: retrying requests that *raised* inside an actor (they fail as in one
+process), or outliving the driver (its actors die with its Ray job).
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 import threading
 import time
@@ -497,9 +497,13 @@ class RayWorkerPool:
 
 
 def _reason(exc: BaseException) -> str:
-    """Ray's error text on one line (it names the cause: exit type, signal, node)."""
-    text = " ".join(str(exc).split())
-    return text if len(text) <= 400 else text[:400] + "..."
+    """Ray's error text on one line: a constructor's exception (the traceback's last
+    line), else the start of Ray's text (it names the actor, pid and exit type)."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))  # Ray colours its text for terminals
+    if _init_failed(exc) and (lines := [x for x in text.splitlines() if x.strip()]):
+        return lines[-1].strip()
+    text = " ".join(text.split())
+    return text if len(text) <= 300 else text[:300] + "..."
 
 
 def _init_failed(exc: BaseException) -> bool:

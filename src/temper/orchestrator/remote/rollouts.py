@@ -251,5 +251,10 @@ def build_remote_rollouts(cfg: Config, model_path: str, tokenizer: Any, run_dir:
     else:
         train, heldout = build_tasks(cfg.data, cfg.run.seed)
         renderer = PromptRenderer(tokenizer, cfg.data.system_prompt)
-    source = RemoteRollouts.start(cfg, model_path, run_dir)
+    if cfg.orchestrator.backend == "ray":
+        from temper.orchestrator.remote.ray_backend import ray_rollouts
+
+        source = ray_rollouts(cfg, model_path, run_dir)
+    else:
+        source = RemoteRollouts.start(cfg, model_path, run_dir)
     return Rollouts(source, train, heldout, None, renderer, spec)

@@ -1,0 +1,289 @@
+"""Rollout workers as Ray actors (`RayWorkerPool`): a real local Ray cluster, real kills.
+
+One Ray cluster (2 CPUs) serves the whole session. The built-in tiny model with
+per-task seeds samples the same in an actor as in this process, so a group that
+was lost, duplicated or resampled after a fault would show.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from temper.config import config_from_dict
+from temper.engine.base import SamplingParams
+from temper.errors import ConfigError
+from temper.models import load_model, load_tokenizer, resolve_model_path
+from temper.orchestrator.build import build_engine, build_rollouts, build_tasks
+from temper.orchestrator.remote import RemoteRollouts, WorkerError
+
+ray = pytest.importorskip("ray")
+
+from temper.orchestrator.remote.ray_actor import ray_settings  # noqa: E402
+from temper.orchestrator.remote.ray_backend import ray_rollouts  # noqa: E402
+from temper.orchestrator.remote.ray_pool import RayWorkerPool  # noqa: E402
+
+PARAMS = SamplingParams(n=2, temperature=1.0, max_new_tokens=12)
+SEED = 7
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local cluster for every test here (starting one costs ~7 s on 2 cores)."""
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    if started:
+        ray.shutdown()
+
+
+def _cfg(name: str, **orchestrator: object) -> object:
+    return config_from_dict(
+        {
+            "run": {"name": name, "threads": 1, "seed": 5},
+            "orchestrator": {"rollout_workers": 2, **orchestrator},
+        }
+    )
+
+
+def _model_path() -> str:
+    return str(resolve_model_path("tiny"))
+
+
+def _tasks(cfg, n: int) -> list:
+    _, heldout = build_tasks(cfg.data, cfg.run.seed)
+    assert len(heldout) >= n
+    return heldout[:n]
+
+
+def _samples(groups) -> list[list[tuple]]:
+    return [[(t.task_id, tuple(t.response_ids), t.reward) for t in g] for g in groups]
+
+
+def _wait_for(pred: Callable[[], object], timeout: float = 60.0) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := pred():
+            return value
+        time.sleep(0.01)
+    raise AssertionError("timed out waiting")
+
+
+def _busy_pid(pool: RayWorkerPool, exclude: set[int]) -> int | None:
+    """An actor pid with a request in flight, if any."""
+    for pid, n in pool.in_flight().items():
+        if n and pid > 0 and pid not in exclude:
+            return pid
+    return None
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Running or stopped (a zombie nobody reaped yet counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _perturbed_weights() -> dict[str, torch.Tensor]:
+    """The tiny model's weights plus fixed noise (they change every sample)."""
+    gen = torch.Generator().manual_seed(0)
+    state = load_model(_model_path()).state_dict()
+    return {k: v + 0.05 * torch.randn(v.shape, generator=gen) for k, v in state.items()}
+
+
+def _actor_versions(pool: RayWorkerPool) -> list[int]:
+    """What the actors themselves report (not the pool's bookkeeping)."""
+    return [int(ray.get(w.handle.ping.remote(), timeout=30)["version"]) for w in pool._workers]
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_ray_groups_match_local_and_weights_reach_actors(ray_cluster):
+    cfg = _cfg("ray-same")
+    tasks = _tasks(cfg, 4)
+    tok = load_tokenizer(_model_path())
+    engine = build_engine(cfg, _model_path(), tok)
+    local = build_rollouts(cfg, engine, tok).source
+    remote = ray_rollouts(cfg, _model_path())
+    try:
+        pids = remote.pool.pids()
+        assert len(set(pids)) == 2 and os.getpid() not in pids  # two separate actor processes
+
+        async def both() -> tuple:
+            return await local.groups(tasks, PARAMS, SEED), await remote.groups(tasks, PARAMS, SEED)
+
+        (want, _), (got, stats) = asyncio.run(both())
+        assert _samples(got) == _samples(want)
+        assert [t.group_id for g in got for t in g] == [i for i in range(4) for _ in range(2)]
+        assert stats["reward_errors"] == 0
+
+        # A cancelled request never calls back; its late or cancelled reply is dropped.
+        calls: list = []
+        rid = remote.pool.submit(tasks[0].id, ([tasks[0]], PARAMS, None), _recorder(calls, 0))
+        remote.pool.cancel(rid)
+        _wait_for(lambda: remote.pool.stats.stale_results == 1)
+
+        # New weights: the actors load them from the object store; outputs follow them.
+        state = _perturbed_weights()
+        remote.update_weights(state, 1)
+        engine.update_weights(state, 1)
+        assert remote.version == 1 and _actor_versions(remote.pool) == [1, 1]
+        (want1, _), (got1, _) = asyncio.run(both())
+        assert _samples(got1) == _samples(want1)
+        assert _samples(got1) != _samples(got)  # the weights really changed
+        assert {v for g in got1 for t in g for v in t.versions} == {1}
+        assert remote.metrics()["workers/restarts_total"] == 0 and calls == []
+    finally:
+        asyncio.run(remote.close())
+        asyncio.run(engine.close())
+    assert remote not in RemoteRollouts.live()
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_killed_and_stopped_actors_are_replaced_and_every_result_arrives_once(ray_cluster):
+    """SIGKILL a busy actor; once replaced, SIGSTOP a busy one (heartbeat timeout 3 s)."""
+    cfg = _cfg("ray-chaos", heartbeat_timeout_s=3.0, max_retries=3)
+    tasks = _tasks(cfg, 8) * 2  # two batches; request i is seeded by i, as RemoteRollouts does
+    remote = ray_rollouts(cfg, _model_path())
+    pool = remote.pool
+    calls: list[tuple[int, Any, BaseException | None]] = []
+    faults: dict[str, float] = {}
+
+    def submit(batch: range) -> None:
+        # Straight to the pool so every callback is seen (a future would hide a second one).
+        for i in batch:
+            params = replace(PARAMS, seed=SEED * 100003 + i)
+            pool.submit(tasks[i].id, ([tasks[i]], params, None), _recorder(calls, i))
+
+    try:
+        # Replacements must start holding the published version, not the model's weights.
+        remote.update_weights(_perturbed_weights(), 1)
+        reference, _ = asyncio.run(remote.groups(tasks, PARAMS, SEED))  # fault-free
+        submit(range(8))
+        killed = _wait_for(lambda: _busy_pid(pool, set()))
+        slot, t_kill = pool.pids().index(killed), time.monotonic()
+        _kill(killed)
+        faults["killed"] = killed
+        _wait_for(lambda: pool.stats.restarts >= 1 and pool.pids()[slot] > 0, timeout=90)
+        faults["replaced_after_s"] = time.monotonic() - t_kill
+        submit(range(8, 16))
+        stopped = _wait_for(lambda: _busy_pid(pool, {killed}))
+        os.kill(stopped, signal.SIGSTOP)
+        faults["stopped"], t_stop = stopped, time.monotonic()
+        _wait_for(lambda: stopped not in pool.pids(), timeout=30)
+        faults["detected_after_s"] = time.monotonic() - t_stop
+        # ray.kill ends a stopped actor process too: no frozen process is left behind.
+        _wait_for(lambda: not _alive(stopped), timeout=30)
+        faults["stopped_gone_after_s"] = time.monotonic() - t_stop
+        _wait_for(lambda: len(calls) >= len(tasks), timeout=120)
+        time.sleep(0.5)  # a duplicate would arrive about now
+        m = remote.metrics()
+        print("ray chaos:", faults, m, "stale:", pool.stats.stale_results, file=sys.stderr)
+    finally:
+        if "stopped" in faults:
+            _kill(int(faults["stopped"]))  # never leave a stopped process behind
+        asyncio.run(remote.close())
+    assert sorted(Counter(i for i, _, _ in calls).items()) == [(i, 1) for i in range(len(tasks))]
+    assert all(error is None for _, _, error in calls)
+    got = {
+        i: [(t["task_id"], tuple(t["response_ids"])) for t in r["groups"][0]] for i, r, _ in calls
+    }
+    want = {i: [(t.task_id, tuple(t.response_ids)) for t in g] for i, g in enumerate(reference)}
+    assert got == want  # retried groups were resampled with their own seeds: identical
+    assert {v for _, r, _ in calls for t in r["groups"][0] for v in t["versions"]} == {1}
+    assert m["workers/restarts_total"] >= 2 and m["workers/hung_total"] >= 1
+    assert m["workers/retries_total"] >= 2  # both victims had a request in flight
+    assert 2 <= faults["detected_after_s"] < 3 + 5  # the last reply may predate the stop
+
+
+def _recorder(calls: list, i: int) -> Callable[[Any, BaseException | None], None]:
+    def done(result: Any, error: BaseException | None) -> None:
+        calls.append((i, result, error))
+
+    return done
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_out_of_retries_raises_worker_error_without_hanging(ray_cluster):
+    cfg = _cfg("ray-fails", max_retries=0)
+    tasks = _tasks(cfg, 6)
+    remote = ray_rollouts(cfg, _model_path())
+    started = time.monotonic()
+    killer = threading.Thread(
+        target=lambda: _kill(_wait_for(lambda: _busy_pid(remote.pool, set()))), daemon=True
+    )
+    try:
+        killer.start()
+        with pytest.raises(WorkerError) as info:
+            asyncio.run(remote.groups(tasks, PARAMS, SEED))
+    finally:
+        killer.join(timeout=30)
+        asyncio.run(remote.close())
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("rollout request for task ")
+    assert "more than orchestrator.max_retries = 0" in message
+    assert remote.metrics()["workers/restarts_total"] >= 1
+    assert time.monotonic() - started < 60
+
+
+@pytest.mark.ray
+@pytest.mark.slow
+def test_an_actor_that_cannot_build_fails_the_start_at_once(ray_cluster):
+    started = time.monotonic()
+    with pytest.raises(WorkerError) as info:
+        ray_rollouts(_cfg("ray-broken"), "/nonexistent/model")
+    assert str(info.value).endswith(
+        "failed to start (1x): temper.errors.ModelLoadError: model path "
+        "'/nonexistent/model' does not exist or is not a directory"
+    )
+    assert time.monotonic() - started < 60  # not retried max_retries times
+    assert [r for r in RemoteRollouts.live() if r.pool.cfg.run.name == "ray-broken"] == []
+
+
+def test_missing_ray_is_one_line_naming_the_extra(monkeypatch):
+    from temper.orchestrator.remote import ray_actor
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
+    with pytest.raises(
+        ConfigError,
+        match=r"^orchestrator\.backend = 'ray' needs Ray: pip install 'temper-rl\[ray\]'$",
+    ):
+        ray_actor.import_ray()
+
+
+def test_ray_settings_default_before_the_schema_has_them():
+    assert ray_settings(_cfg("x")) == (None, "pack", 1.0)
+    with pytest.raises(ValueError, match="placement"):
+        RayWorkerPool(
+            _cfg("x"),
+            "tiny",
+            1,
+            ring_root=None,
+            heartbeat_timeout_s=1,
+            max_retries=0,
+            placement="scatter",
+        )
