@@ -7,15 +7,19 @@ the same number of trained samples: ``--steps`` x ``--prompts`` x ``--group``.
 Sync waits every step for its slowest episode; async
 (``orchestrator.max_staleness``) keeps episodes in flight while the trainer
 trains and takes the first groups to finish, correcting with decoupled PPO.
-Same seed, same hyperparameters, one process, one after the other. The clock
-covers the training loop only (no eval, no model load).
+Both use the same backend (default ``process``: ``--workers`` rollout worker
+processes beside the trainer, one torch thread each, as a disaggregated run
+would; with ``--backend local`` trainer and engine share one compute thread,
+so async hides only the waiting). Same seed and hyperparameters, one run after
+the other. The clock covers the training loop only (no eval, no model load).
 
 Prints one JSON line: wall-clock seconds of each, ``speedup`` (sync / async),
 the mean reward over the last half of the steps of each (the "equal samples"
-comparison, with its standard error over steps), and the async run's
+comparison, with its standard error over steps), the mean seconds per step the
+trainer waited for rollouts, trained and synced weights, and the async run's
 staleness histogram (trained groups by staleness in policy versions).
 
-    .venv/bin/python benchmarks/async_vs_sync.py [--steps 12] [--max-staleness 2]
+    .venv/bin/python benchmarks/async_vs_sync.py [--steps 24] [--max-staleness 2]
 """
 
 from __future__ import annotations
@@ -36,7 +40,15 @@ from temper.orchestrator.sync import SyncOrchestrator
 
 def make_config(args: argparse.Namespace, out: str, staleness: int) -> dict:
     return {
-        "run": {"name": f"staleness_{staleness}", "output_dir": out, "seed": args.seed},
+        "run": {
+            "name": f"staleness_{staleness}",
+            "output_dir": out,
+            "seed": args.seed,
+            # One torch thread per process: trainer and rollout worker then use one core
+            # each instead of fighting over both (OpenMP teams larger than the free cores
+            # spin against each other).
+            "threads": args.threads,
+        },
         "model": {"path": "tiny"},
         "env": {
             "type": "tool_use",
@@ -50,6 +62,8 @@ def make_config(args: argparse.Namespace, out: str, staleness: int) -> dict:
         "algo": {"off_policy_correction": "decoupled" if staleness else "none"},
         "trainer": {"lr": 1e-4},
         "orchestrator": {
+            "backend": args.backend,
+            "rollout_workers": args.workers,
             "steps": args.steps,
             "prompts_per_step": args.prompts,
             "group_size": args.group,
@@ -70,12 +84,14 @@ def run_one(args: argparse.Namespace, staleness: int) -> dict:
 
         async def go() -> float:
             start = time.perf_counter()
-            await orch.run()
-            return time.perf_counter() - start
+            try:
+                await orch.run()
+                return time.perf_counter() - start
+            finally:
+                await orch.close()  # stops rollout workers (backend = "process")
 
         seconds = asyncio.run(go())
         metrics = [json.loads(x) for x in orch.run_dir.metrics.read_text().splitlines()]
-        orch.rollouts.close()
     tail = [m["reward_mean"] for m in metrics[len(metrics) // 2 :]]
     result = {
         "seconds": round(seconds, 2),
@@ -84,6 +100,11 @@ def run_one(args: argparse.Namespace, staleness: int) -> dict:
         if len(tail) > 1
         else 0.0,
         "staleness_max": max(m["staleness_max"] for m in metrics),
+        # Mean seconds per step the trainer waited for rollouts, trained, and synced weights.
+        "per_step_s": {
+            stage: round(statistics.fmean(m[f"time_{stage}_s"] for m in metrics), 3)
+            for stage in ("generate", "train", "weight_sync")
+        },
         "samples": sum(m["groups_kept"] for m in metrics) * args.group,
     }
     if orch.async_rollouts is not None:
@@ -95,11 +116,19 @@ def run_one(args: argparse.Namespace, staleness: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--group", type=int, default=4)
     parser.add_argument("--max-staleness", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    parser.add_argument("--workers", type=int, default=2, help="rollout worker processes")
+    parser.add_argument(
+        "--backend",
+        choices=["local", "process"],
+        default="process",
+        help="process: rollouts in a worker process beside the trainer (both modes)",
+    )
     args = parser.parse_args()
     sync = run_one(args, 0)
     asynchronous = run_one(args, args.max_staleness)
@@ -108,6 +137,8 @@ def main() -> None:
             {
                 "speedup": round(sync["seconds"] / asynchronous["seconds"], 3),
                 "max_staleness": args.max_staleness,
+                "backend": args.backend,
+                "rollout_workers": args.workers,
                 "sync": sync,
                 "async": asynchronous,
                 "trained_samples": args.steps * args.prompts * args.group,
