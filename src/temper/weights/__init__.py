@@ -1,11 +1,11 @@
 """temper.weights: versioned weight transports from trainer to engines."""
 
 from temper.weights.broadcast import BroadcastTransport
+from temper.weights.safetensors_file import SafetensorsFileTransport
 from temper.weights.shm_ring import SharedMemoryRingTransport
 from temper.weights.transport import (
     InProcessTransport,
     Manifest,
-    SafetensorsFileTransport,
     SharedMemoryTransport,
     TensorEntry,
     WeightTransport,
