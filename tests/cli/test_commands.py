@@ -51,3 +51,17 @@ def test_generate_command(capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     assert [line[:3] for line in lines] == ["[0]", "[1]"]
     assert all("\\boxed{" in line for line in lines)
+
+
+def test_override_values_written_with_a_space_are_not_taken_for_the_config():
+    from temper.cli.main import _parser, join_override_values
+
+    argv = ["eval", "--eval.size", "8", "--eval.k", "2", "--out", "r.json"]
+    assert join_override_values(argv) == ["eval", "--eval.size=8", "--eval.k=2", "--out", "r.json"]
+    args, extra = _parser().parse_known_args(join_override_values(argv))
+    assert args.config is None and args.out == "r.json"
+    assert extra == ["--eval.size=8", "--eval.k=2"]
+    # A config file still works beside them, and negative values stay values.
+    argv = ["train", "my.toml", "--trainer.lr", "-1", "--run.name=x"]
+    args, extra = _parser().parse_known_args(join_override_values(argv))
+    assert args.config == "my.toml" and extra == ["--trainer.lr=-1", "--run.name=x"]

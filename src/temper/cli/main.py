@@ -39,6 +39,26 @@ def split_overrides(extra: list[str]) -> list[str]:
     return out
 
 
+def join_override_values(argv: list[str]) -> list[str]:
+    """Turn `--a.b 1` into `--a.b=1` before argparse sees it.
+
+    Otherwise argparse takes the value of an override written with a space for
+    the optional CONFIG argument (`temper eval --eval.size 8` read "8" as a file).
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        is_override = arg.startswith("--") and "=" not in arg and "." in arg[2:]
+        if is_override and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            out.append(f"{arg}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(arg)
+            i += 1
+    return out
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="temper", description="RL post-training for LMs.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -275,6 +295,7 @@ def _quiet_libraries() -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = join_override_values(sys.argv[1:] if argv is None else list(argv))
     args, extra = _parser().parse_known_args(argv)
     _quiet_libraries()
     try:
