@@ -35,6 +35,9 @@ bench: setup
 	$(PY) benchmarks/grpo_vs_trl.py
 	$(PY) benchmarks/sandbox.py
 	$(PY) benchmarks/eval_parallel.py
+	$(PY) benchmarks/async_vs_sync.py
+	$(PY) benchmarks/weight_sync.py
+	$(PY) benchmarks/rm_server.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .ruff_cache
