@@ -9,7 +9,8 @@
   orchestrator uses. See docs/workers.md.
 """
 
-from temper.orchestrator.remote.pool import WorkerError, WorkerPool
+from temper.orchestrator.remote.pool import WorkerPool
 from temper.orchestrator.remote.rollouts import RemoteRollouts, build_remote_rollouts
+from temper.orchestrator.remote.routing import WorkerError
 
 __all__ = ["RemoteRollouts", "WorkerError", "WorkerPool", "build_remote_rollouts"]

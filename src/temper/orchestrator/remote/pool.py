@@ -27,49 +27,19 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import sys
 import threading
 import time
-import traceback
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
-from temper.errors import TemperError
 from temper.orchestrator.remote.process import WorkerProcess, WorkerSpec
-
-Done = Callable[[Any, BaseException | None], None]
-
-
-class WorkerError(TemperError):
-    """Rollout workers failed beyond what `orchestrator.max_retries` allows."""
+from temper.orchestrator.remote.routing import Request, SupervisedPool, WorkerError
 
 
-@dataclass(eq=False)
-class _Request:
-    rid: int
-    label: str
-    body: Any
-    done: Done
-    retries: int = 0
-    worker: WorkerProcess | None = None
-
-
-@dataclass
-class PoolStats:
-    """Counters since the pool started (`WorkerPool.metrics` reports them)."""
-
-    restarts: int = 0
-    retries: int = 0
-    hung: int = 0
-    stale_results: int = 0
-    failed_starts: dict[int, int] = field(default_factory=dict)
-
-
-class WorkerPool:
+class WorkerPool(SupervisedPool):
     """`n` supervised worker processes built from ``spec`` (see the module doc).
 
     `start` blocks until every worker is ready; `submit` / `cancel` / `set_version`
@@ -87,24 +57,16 @@ class WorkerPool:
         start_timeout_s: float | None = None,
         log: Callable[[str], None] | None = None,
     ) -> None:
-        self.spec, self.n = spec, n
-        self.heartbeat_timeout_s, self.max_retries = heartbeat_timeout_s, max_retries
-        # Loading torch and a model on a busy machine can stall a process for a long
-        # while before its heartbeat thread runs: starting workers get more time.
-        self.start_timeout_s = start_timeout_s or max(3 * heartbeat_timeout_s, 120.0)
-        self.pid_dir = pid_dir
-        self.log = log or (lambda line: print(f"temper: {line}", file=sys.stderr, flush=True))
-        self.stats = PoolStats()
-        self.target_version = spec.start_version
+        super().__init__(
+            n,
+            heartbeat_timeout_s=heartbeat_timeout_s,
+            max_retries=max_retries,
+            start_version=spec.start_version,
+            start_timeout_s=start_timeout_s,
+            log=log,
+        )
+        self.spec, self.pid_dir = spec, pid_dir
         self._ctx = multiprocessing.get_context("spawn")
-        self._lock = threading.Condition()
-        self._workers: list[WorkerProcess] = []
-        self._requests: dict[int, _Request] = {}
-        self._pending: deque[_Request] = deque()
-        self._next_rid = 1
-        self._rr = 0
-        self._error: WorkerError | None = None
-        self._closing = False
         self._wake_r, self._wake_w = os.pipe()
         self._thread = threading.Thread(target=self._supervise, daemon=True, name="temper-pool")
 
@@ -116,33 +78,8 @@ class WorkerPool:
             self._workers = [self._spawn(i, 0) for i in range(self.n)]
         self._thread.start()
         with self._lock:
-            while not all(w.ready for w in self._workers):
-                self._raise_if_failed()
-                self._lock.wait(0.5)
+            self._wait_until(lambda: all(w.ready for w in self._workers))
             return dict(self._workers[0].info)
-
-    def pids(self) -> list[int]:
-        """The current worker processes' ids."""
-        with self._lock:
-            return [w.pid for w in self._workers]
-
-    def in_flight(self) -> dict[int, int]:
-        """Requests in flight per worker pid."""
-        with self._lock:
-            return {w.pid: len(w.in_flight) for w in self._workers}
-
-    def submit(self, label: str, body: Any, done: Done) -> int:
-        """Queue a ``groups`` request; ``done(result, error)`` is called once, on the
-        supervisor (or calling) thread. Returns the request id."""
-        with self._lock:
-            self._raise_if_failed()
-            rid = self._next_rid
-            self._next_rid += 1
-            req = _Request(rid, label, body, done)
-            self._requests[rid] = req
-            self._pending.append(req)
-            self._dispatch()
-        return rid
 
     def cancel(self, rid: int) -> None:
         """Forget request ``rid`` (no-op once it finished); its worker drops it."""
@@ -164,21 +101,8 @@ class WorkerPool:
             self.target_version = version
             for w in self._workers:
                 self._sync_version(w)
-            while not all(w.ready and w.version == version for w in self._workers):
-                self._raise_if_failed()
-                self._lock.wait(0.5)
+            self._wait_until(lambda: all(w.ready and w.version == version for w in self._workers))
             self._dispatch()
-
-    def metrics(self) -> dict[str, float]:
-        s = self.stats
-        with self._lock:
-            in_flight = sum(len(w.in_flight) for w in self._workers)
-        return {
-            "workers/restarts_total": float(s.restarts),
-            "workers/retries_total": float(s.retries),
-            "workers/hung_total": float(s.hung),
-            "workers/in_flight": float(in_flight),
-        }
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop the supervisor, ask workers to close, SIGKILL any still alive after
@@ -214,51 +138,14 @@ class WorkerPool:
         spec = replace(self.spec, start_version=self.target_version)
         return WorkerProcess(self._ctx, index, generation, spec, self.pid_dir)
 
-    def _raise_if_failed(self) -> None:
-        if self._error is not None:
-            raise self._error
-
     def _sync_version(self, w: WorkerProcess) -> None:
         if w.ready and not w.dead and w.version != self.target_version:
             w.send(("load_weights", -self.target_version - 1, self.target_version))
 
-    def _dispatch(self) -> None:
-        """Send pending requests to ready, up-to-date workers, least loaded first."""
-        while self._pending:
-            ok = [
-                w
-                for w in self._workers
-                if w.ready and not w.dead and w.version == self.target_version
-            ]
-            if not ok:
-                return
-            self._rr += 1
-            w = min(ok, key=lambda w: (len(w.in_flight), (w.index - self._rr) % self.n))
-            req = self._pending.popleft()
-            req.worker = w
-            w.in_flight.add(req.rid)
-            w.send(("groups", req.rid, req.body))
-
-    def _fail(self, error: WorkerError) -> None:
-        """A fatal pool error: every request fails with it, later calls raise it."""
-        self._error = error
-        for req in list(self._requests.values()):
-            req.done(None, error)
-        self._requests.clear()
-        self._pending.clear()
-        for w in self._workers:
-            w.in_flight.clear()
-        self._lock.notify_all()
+    def _send(self, w: WorkerProcess, req: Request) -> None:
+        w.send(("groups", req.rid, req.body))
 
     # ------------------------------------------------------------ supervisor thread
-
-    def _supervise(self) -> None:
-        try:
-            self._watch()
-        except Exception as exc:  # a bug here must fail the run, not hang it
-            traceback.print_exc()
-            with self._lock:
-                self._fail(WorkerError(f"rollout worker supervisor crashed: {exc!r}"))
 
     def _watch(self) -> None:
         tick = min(0.5, self.heartbeat_timeout_s / 10)
@@ -320,13 +207,6 @@ class WorkerPool:
             else:
                 req.done(None, body)
 
-    def _start_failed(self, w: WorkerProcess, why: str) -> None:
-        n = self.stats.failed_starts.get(w.index, 0) + 1
-        self.stats.failed_starts[w.index] = n
-        # A build error at the first start (a bad config or model) would only repeat.
-        if (w.generation == 0 and w.start_error is not None) or n > self.max_retries:
-            self._fail(WorkerError(f"rollout {w} failed to start ({n}x): {why}"))
-
     def _check_heartbeats(self) -> None:
         now = time.monotonic()
         with self._lock:
@@ -352,32 +232,7 @@ class WorkerPool:
             why = why or w.exit_reason()
             self.stats.hung += hung
             if not w.ready and self._error is None:
-                self._start_failed(w, w.start_error or why)
+                self._start_failed(w, w.start_error or why, w.start_error is not None)
             if self._error is not None:
                 return
-            requeue = [self._requests[rid] for rid in sorted(w.in_flight) if rid in self._requests]
-            w.in_flight.clear()
-            for req in reversed(requeue):
-                req.worker = None
-                req.retries += 1
-                if req.retries > self.max_retries:
-                    del self._requests[req.rid]
-                    req.done(None, self._out_of_retries(req, w, why))
-                else:
-                    self.stats.retries += 1
-                    self._pending.appendleft(req)
-            self.log(
-                f"rollout {w} {'hung' if hung else 'died'} ({why}); restarting it, "
-                f"{len(requeue)} request(s) to retry"
-            )
-            self._workers[w.index] = self._spawn(w.index, w.generation + 1)
-            self.stats.restarts += 1
-            self._dispatch()
-            self._lock.notify_all()
-
-    def _out_of_retries(self, req: _Request, w: WorkerProcess, why: str) -> WorkerError:
-        return WorkerError(
-            f"rollout request for task {req.label!r} failed: its worker died "
-            f"{req.retries} time(s), more than orchestrator.max_retries = {self.max_retries} "
-            f"(last: {w}, {why})"
-        )
+            self._retry_and_replace(w, why, hung)

@@ -37,17 +37,14 @@ from __future__ import annotations
 
 import contextlib
 import re
-import sys
 import threading
 import time
-import traceback
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from temper.orchestrator.remote.pool import Done, PoolStats, WorkerError
 from temper.orchestrator.remote.ray_actor import HEALTH_GROUP, RayRolloutActor, import_ray
+from temper.orchestrator.remote.routing import Request, SupervisedPool, WorkerError
 
 #: Concurrent calls one actor runs (the engine batches them; Ray's async default is 1000).
 MAX_CONCURRENCY = 1024
@@ -78,18 +75,7 @@ class _Actor:
         return f"worker {self.index} (Ray actor, pid {self.pid})"
 
 
-@dataclass(eq=False)
-class _Request:
-    rid: int
-    label: str
-    body: Any  # (tasks, params, seed), as for WorkerPool
-    done: Done
-    retries: int = 0
-    worker: _Actor | None = None
-    ref: Any = None
-
-
-class RayWorkerPool:
+class RayWorkerPool(SupervisedPool):
     """``n`` supervised rollout actors for ``cfg`` (see the module doc).
 
     Same public interface as `WorkerPool`: `start` blocks until every actor is
@@ -97,6 +83,8 @@ class RayWorkerPool:
     `close` stops everything. Ray must be initialised first (`start_ray`).
     ``ring_root`` is the driver's weight ring (None: versions are numbers only).
     """
+
+    supervisor_name = "Ray rollout supervisor"
 
     def __init__(
         self,
@@ -116,15 +104,16 @@ class RayWorkerPool:
     ) -> None:
         if placement not in ("pack", "spread"):
             raise ValueError(f"placement must be 'pack' or 'spread', got {placement!r}")
-        self.cfg, self.model_path, self.n = cfg, model_path, n
-        self.heartbeat_timeout_s, self.max_retries = heartbeat_timeout_s, max_retries
+        super().__init__(
+            n,
+            heartbeat_timeout_s=heartbeat_timeout_s,
+            max_retries=max_retries,
+            start_version=start_version,
+            start_timeout_s=start_timeout_s,
+            log=log,
+        )
+        self.cfg, self.model_path = cfg, model_path
         self.num_cpus, self.num_gpus, self.placement = num_cpus, num_gpus, placement
-        # Scheduling an actor waits for its bundle's resources, then it loads torch and
-        # a model: starting actors get much more time than ready ones.
-        self.start_timeout_s = start_timeout_s or max(3 * heartbeat_timeout_s, 120.0)
-        self.log = log or (lambda line: print(f"temper: {line}", file=sys.stderr, flush=True))
-        self.stats = PoolStats()
-        self.target_version = start_version
         self._ring = None
         if ring_root is not None:
             from temper.weights.shm_ring import SharedMemoryRingTransport
@@ -140,15 +129,7 @@ class RayWorkerPool:
         )(RayRolloutActor)
         self._pg: Any = None
         self._state_ref: Any = None  # newest published weights in the object store
-        self._lock = threading.Condition()
-        self._workers: list[_Actor] = []
-        self._requests: dict[int, _Request] = {}
-        self._pending: deque[_Request] = deque()
         self._calls: dict[Any, tuple[str, _Actor, int]] = {}  # ObjectRef -> (kind, actor, rid)
-        self._next_rid = 1
-        self._rr = 0
-        self._error: WorkerError | None = None
-        self._closing = False
         self._thread = threading.Thread(target=self._supervise, daemon=True, name="temper-ray")
 
     # ------------------------------------------------------------ public
@@ -173,33 +154,8 @@ class RayWorkerPool:
             self._workers = [self._spawn(i, 0) for i in range(self.n)]
         self._thread.start()
         with self._lock:
-            while not all(w.ready for w in self._workers):
-                self._raise_if_failed()
-                self._lock.wait(0.5)
+            self._wait_until(lambda: all(w.ready for w in self._workers))
             return dict(self._workers[0].info)
-
-    def pids(self) -> list[int]:
-        """The current actors' process ids (-1 while one is starting)."""
-        with self._lock:
-            return [w.pid for w in self._workers]
-
-    def in_flight(self) -> dict[int, int]:
-        """Requests in flight per actor pid."""
-        with self._lock:
-            return {w.pid: len(w.in_flight) for w in self._workers}
-
-    def submit(self, label: str, body: Any, done: Done) -> int:
-        """Queue a ``groups`` request, ``body = (tasks, params, seed)``; ``done(result,
-        error)`` is called once, on the supervisor (or calling) thread. Returns its id."""
-        with self._lock:
-            self._raise_if_failed()
-            rid = self._next_rid
-            self._next_rid += 1
-            req = _Request(rid, label, body, done)
-            self._requests[rid] = req
-            self._pending.append(req)
-            self._dispatch()
-        return rid
 
     def cancel(self, rid: int) -> None:
         """Forget request ``rid`` (no-op once it finished); its actor call is cancelled."""
@@ -229,21 +185,8 @@ class RayWorkerPool:
             self._state_ref = state_ref
             for w in self._workers:
                 self._sync_version(w)
-            while not all(w.ready and w.version == version for w in self._workers):
-                self._raise_if_failed()
-                self._lock.wait(0.5)
+            self._wait_until(lambda: all(w.ready and w.version == version for w in self._workers))
             self._dispatch()
-
-    def metrics(self) -> dict[str, float]:
-        s = self.stats
-        with self._lock:
-            in_flight = sum(len(w.in_flight) for w in self._workers)
-        return {
-            "workers/restarts_total": float(s.restarts),
-            "workers/retries_total": float(s.retries),
-            "workers/hung_total": float(s.hung),
-            "workers/in_flight": float(in_flight),
-        }
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop the supervisor, ask actors to close, kill them after ``timeout_s``,
@@ -292,54 +235,17 @@ class RayWorkerPool:
         self._calls[handle.info.remote()] = ("ready", w, 0)
         return w
 
-    def _raise_if_failed(self) -> None:
-        if self._error is not None:
-            raise self._error
-
     def _sync_version(self, w: _Actor) -> None:
         target = self.target_version
         if w.ready and not w.dead and w.version != target and w.loading != target:
             w.loading = target
             self._calls[w.handle.load_state.remote(self._state_ref, target)] = ("weights", w, 0)
 
-    def _dispatch(self) -> None:
-        """Send pending requests to ready, up-to-date actors, least loaded first."""
-        while self._pending:
-            ok = [
-                w
-                for w in self._workers
-                if w.ready and not w.dead and w.version == self.target_version
-            ]
-            if not ok:
-                return
-            self._rr += 1
-            w = min(ok, key=lambda w: (len(w.in_flight), (w.index - self._rr) % self.n))
-            req = self._pending.popleft()
-            req.worker = w
-            w.in_flight.add(req.rid)
-            req.ref = w.handle.groups.remote(req.rid, *req.body)
-            self._calls[req.ref] = ("groups", w, req.rid)
-
-    def _fail(self, error: WorkerError) -> None:
-        """A fatal pool error: every request fails with it, later calls raise it."""
-        self._error = error
-        for req in list(self._requests.values()):
-            req.done(None, error)
-        self._requests.clear()
-        self._pending.clear()
-        for w in self._workers:
-            w.in_flight.clear()
-        self._lock.notify_all()
+    def _send(self, w: _Actor, req: Request) -> None:
+        req.ref = w.handle.groups.remote(req.rid, *req.body)
+        self._calls[req.ref] = ("groups", w, req.rid)
 
     # ------------------------------------------------------------ supervisor thread
-
-    def _supervise(self) -> None:
-        try:
-            self._watch()
-        except Exception as exc:  # a bug here must fail the run, not hang it
-            traceback.print_exc()
-            with self._lock:
-                self._fail(WorkerError(f"Ray rollout supervisor crashed: {exc!r}"))
 
     def _watch(self) -> None:
         # New calls join the wait at the next tick: the tick bounds the added latency.
@@ -461,39 +367,7 @@ class RayWorkerPool:
                 self._start_failed(w, why, init_failed)
             if self._error is not None:
                 return
-            requeue = [self._requests[rid] for rid in sorted(w.in_flight) if rid in self._requests]
-            w.in_flight.clear()
-            for req in reversed(requeue):
-                req.worker, req.ref = None, None
-                req.retries += 1
-                if req.retries > self.max_retries:
-                    del self._requests[req.rid]
-                    req.done(None, self._out_of_retries(req, w, why))
-                else:
-                    self.stats.retries += 1
-                    self._pending.appendleft(req)
-            self.log(
-                f"rollout {w} {'hung' if hung else 'died'} ({why}); restarting it, "
-                f"{len(requeue)} request(s) to retry"
-            )
-            self._workers[w.index] = self._spawn(w.index, w.generation + 1)
-            self.stats.restarts += 1
-            self._dispatch()
-            self._lock.notify_all()
-
-    def _start_failed(self, w: _Actor, why: str, init_failed: bool) -> None:
-        n = self.stats.failed_starts.get(w.index, 0) + 1
-        self.stats.failed_starts[w.index] = n
-        # A constructor error at the first start (a bad config or model) would only repeat.
-        if (w.generation == 0 and init_failed) or n > self.max_retries:
-            self._fail(WorkerError(f"rollout {w} failed to start ({n}x): {why}"))
-
-    def _out_of_retries(self, req: _Request, w: _Actor, why: str) -> WorkerError:
-        return WorkerError(
-            f"rollout request for task {req.label!r} failed: its worker died "
-            f"{req.retries} time(s), more than orchestrator.max_retries = {self.max_retries} "
-            f"(last: {w}, {why})"
-        )
+            self._retry_and_replace(w, why, hung)
 
 
 def _reason(exc: BaseException) -> str:
