@@ -99,9 +99,9 @@ def test_stop_action_checkpoints_and_stops_a_real_run(tmp_path):
     assert (run / "checkpoints" / "step_1" / "model.safetensors").is_file()
 
 
-def test_skip_action_undoes_each_update_of_a_real_run(tmp_path):
-    # A train/inference mismatch above 0 fires on every step: each update is undone,
-    # the engine keeps the shipped weights, and the run goes on to the end.
+def _skip_run(root, name: str, steps: int, mismatch_threshold: float) -> tuple[list, dict, dict]:
+    """A short real run whose mismatch check has action "skip"; returns its metrics,
+    the shipped weights and the weights of its final checkpoint."""
     from safetensors.torch import load_file
 
     from temper.models import resolve_model_path
@@ -109,9 +109,9 @@ def test_skip_action_undoes_each_update_of_a_real_run(tmp_path):
     code = main(
         [
             "train",
-            f"--run.output_dir={tmp_path}",
-            "--run.name=skip",
-            "--orchestrator.steps=3",
+            f"--run.output_dir={root}",
+            f"--run.name={name}",
+            f"--orchestrator.steps={steps}",
             "--orchestrator.prompts_per_step=2",
             "--orchestrator.group_size=4",
             "--orchestrator.drop_zero_variance_groups=false",
@@ -120,52 +120,34 @@ def test_skip_action_undoes_each_update_of_a_real_run(tmp_path):
             "--eval.at_end=false",
             "--eval.every=0",
             "--log.progress=false",
-            "--health.mismatch.threshold=0",
+            f"--health.mismatch.threshold={mismatch_threshold}",
             "--health.mismatch.action=skip",
         ]
     )
     assert code == 0
-    run = tmp_path / "skip"
+    run = root / name
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    shipped = load_file(str(resolve_model_path("tiny") / "model.safetensors"))
+    final = load_file(str(run / "checkpoints" / f"step_{steps}" / "model.safetensors"))
+    return metrics, shipped, final
+
+
+def test_skip_action_undoes_each_update_of_a_real_run(tmp_path):
+    # A train/inference mismatch above 0 fires on every step: each update is undone,
+    # the engine keeps the shipped weights, and the run goes on to the end.
+    metrics, shipped, final = _skip_run(tmp_path, "skip", steps=3, mismatch_threshold=0)
     assert [m["step"] for m in metrics] == [1, 2, 3]
     assert all(m["update_skipped"] == 1.0 and m["policy_version"] == 0 for m in metrics)
-    events = [json.loads(x) for x in (run / "events.jsonl").read_text().splitlines()]
+    events = [json.loads(x) for x in (tmp_path / "skip" / "events.jsonl").read_text().splitlines()]
     alerts = [e for e in events if e["kind"] == "alert"]
     assert [(a["step"], a["check"], a["action"]) for a in alerts] == [
         (s, "mismatch", "skip") for s in (1, 2, 3)
     ]
-    shipped = load_file(str(resolve_model_path("tiny") / "model.safetensors"))
-    final = load_file(str(run / "checkpoints" / "step_3" / "model.safetensors"))
     assert all(torch.equal(final[name], shipped[name]) for name in shipped)
 
 
 def test_skip_keeps_good_updates(tmp_path):
     # A skip check that never fires changes nothing: the weights move.
-    from safetensors.torch import load_file
-
-    from temper.models import resolve_model_path
-
-    code = main(
-        [
-            "train",
-            f"--run.output_dir={tmp_path}",
-            "--run.name=noskip",
-            "--orchestrator.steps=1",
-            "--orchestrator.prompts_per_step=2",
-            "--orchestrator.group_size=4",
-            "--orchestrator.drop_zero_variance_groups=false",
-            "--trainer.lr=1e-2",
-            "--eval.at_start=false",
-            "--eval.at_end=false",
-            "--eval.every=0",
-            "--log.progress=false",
-            "--health.mismatch.threshold=10",
-            "--health.mismatch.action=skip",
-        ]
-    )
-    assert code == 0
-    m = json.loads((tmp_path / "noskip" / "metrics.jsonl").read_text().splitlines()[0])
-    assert "update_skipped" not in m and m["policy_version"] == 1
-    shipped = load_file(str(resolve_model_path("tiny") / "model.safetensors"))
-    final = load_file(str(tmp_path / "noskip" / "checkpoints" / "step_1" / "model.safetensors"))
+    metrics, shipped, final = _skip_run(tmp_path, "noskip", steps=1, mismatch_threshold=10)
+    assert "update_skipped" not in metrics[0] and metrics[0]["policy_version"] == 1
     assert any(not torch.equal(final[name], shipped[name]) for name in shipped)

@@ -64,6 +64,8 @@ class _Finished:
     group: list[Trajectory]
     stats: dict[str, float]
     job: _Job
+    #: The oldest weight version that sampled a token of the group (its staleness anchor).
+    oldest: int
 
 
 @dataclass
@@ -140,7 +142,7 @@ class AsyncRollouts:
             for t in item.group:
                 t.group_id = gid
             groups.append(item.group)
-            self.stats.staleness[step - 1 - _oldest_version(item)] += 1
+            self.stats.staleness[step - 1 - item.oldest] += 1
         self.stats.consumed += len(taken)
         waited = time.perf_counter() - waited_from
         stats = {
@@ -215,7 +217,8 @@ class AsyncRollouts:
         else:
             if attempt == job.attempt:
                 self.stats.finished += 1
-                self._done.append(_Finished(groups[0], stats, job))
+                group = groups[0]
+                self._done.append(_Finished(group, stats, job, _oldest_version(group, job)))
         finally:
             if attempt == job.attempt:
                 self._in_flight.discard(job)
@@ -236,7 +239,7 @@ class AsyncRollouts:
         """Restart finished groups whose oldest token is older than ``oldest_allowed``."""
         fresh = []
         for item in self._done:
-            if _oldest_version(item) < oldest_allowed:
+            if item.oldest < oldest_allowed:
                 item.job.restarts += 1
                 self._restart.append(item.job)
                 self.stats.expired += 1
@@ -247,9 +250,8 @@ class AsyncRollouts:
             self._changed.set()
 
 
-def _oldest_version(item: _Finished) -> int:
-    """The oldest weight version that sampled a token of the group (its staleness anchor);
-    the group's start version when it sampled nothing (an env that failed at reset)."""
-    group = item.group
+def _oldest_version(group: list[Trajectory], job: _Job) -> int:
+    """The oldest weight version that sampled a token of ``group``; the group's start
+    version when it sampled nothing (an env that failed at reset)."""
     versions = [v for t in group for v, m in zip(t.versions, t.loss_mask, strict=True) if m]
-    return min(versions, default=item.job.start_version)
+    return min(versions, default=job.start_version)
