@@ -7,6 +7,7 @@ which values count as scalars, and the one-line error for a missing package.
 import json
 import math
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -81,6 +82,8 @@ def _wandb_records(path: Path) -> list:
             pos += block - pos % block
             continue
         length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        if pos + 7 + length > len(data):  # a record still being written
+            break
         payload = data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind == 0:
@@ -93,6 +96,23 @@ def _wandb_records(path: Path) -> list:
     return out
 
 
+def _wandb_records_once_flushed(path: Path, timeout_s: float = 30.0) -> list:
+    """The file's records once wandb-core has flushed the run and both history steps.
+
+    ``run.finish()`` can return before the service's writer flushes its buffer
+    (seen once in CI under load: a file with a header and no run record); the
+    service flushes at the latest when the process exits, so a reader in the
+    same process waits for it.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        records = _wandb_records(path)
+        kinds = [r.WhichOneof("record_type") for r in records]
+        if ("run" in kinds and kinds.count("history") >= 2) or time.monotonic() > deadline:
+            return records
+        time.sleep(0.2)
+
+
 def test_wandb_offline_sink_writes_a_run_file_with_the_metrics(tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_DIR", str(tmp_path / "wb"))
@@ -103,7 +123,7 @@ def test_wandb_offline_sink_writes_a_run_file_with_the_metrics(tmp_path, monkeyp
     sink.close()
     assert not (tmp_path / "unused").exists()  # WANDB_DIR wins over the run directory
     [run_file] = (tmp_path / "wb" / "wandb").glob("offline-run-*/run-*.wandb")
-    records = _wandb_records(run_file)
+    records = _wandb_records_once_flushed(run_file)
     [run] = [r.run for r in records if r.WhichOneof("record_type") == "run"]
     assert run.project == "temper-test" and run.display_name == "demo"
     config = {u.key: json.loads(u.value_json) for u in run.config.update}
