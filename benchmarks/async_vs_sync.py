@@ -9,7 +9,8 @@ Sync waits every step for its slowest episode; async
 trains and takes the first groups to finish, correcting with decoupled PPO.
 Both use the same backend (default ``process``: ``--workers`` rollout worker
 processes beside the trainer, one torch thread each, as a disaggregated run
-would; with ``--backend local`` trainer and engine share one compute thread,
+would; the default of one worker gives trainer and rollouts a core each on a
+2-core machine; with ``--backend local`` trainer and engine share one compute thread,
 so async hides only the waiting). Same seed and hyperparameters, one run after
 the other. The clock covers the training loop only (no eval, no model load).
 
@@ -122,7 +123,9 @@ def main() -> None:
     parser.add_argument("--max-staleness", type=int, default=2)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    parser.add_argument("--workers", type=int, default=2, help="rollout worker processes")
+    # One rollout worker: with the trainer that is one process per core on a 2-core
+    # machine; a second worker makes three processes share two cores.
+    parser.add_argument("--workers", type=int, default=1, help="rollout worker processes")
     parser.add_argument(
         "--backend",
         choices=["local", "process"],

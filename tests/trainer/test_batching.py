@@ -1,3 +1,6 @@
+import itertools
+import random
+
 import pytest
 import torch
 
@@ -30,7 +33,7 @@ def _cost(trajs, rows):
     return len(prompts) * longest_p + len(rows) * longest_r
 
 
-def test_plan_groups_rows_by_prompt_within_budget():
+def test_plan_covers_every_row_once_within_budget_longest_first():
     p1, p2 = [1, 2, 3, 4], [5, 6]
     trajs = [_traj(p1, [9] * n) for n in (3, 5, 2)] + [_traj(p2, [9] * n) for n in (4, 1)]
     trajs.insert(1, _traj(p2, [9] * 6))
@@ -38,10 +41,49 @@ def test_plan_groups_rows_by_prompt_within_budget():
     assert sorted(i for mb in plan for i in mb) == list(range(len(trajs)))
     for mb in plan:
         assert len(mb) == 1 or _cost(trajs, mb) <= 24
-    # Group of p1 first (first seen), longest response first inside it.
-    assert plan[0][:3] == [2, 0, 3]
-    # One big budget: everything in one micro-batch, each prompt counted once.
-    assert plan_micro_batches(trajs, token_budget=10_000) == [[2, 0, 3, 1, 4, 5]]
+    # One big budget and a large per-micro-batch cost: one micro-batch, longest first.
+    assert plan_micro_batches(trajs, token_budget=10_000, overhead=1000) == [[1, 2, 4, 0, 3, 5]]
+
+
+def test_plan_puts_long_tail_rows_apart_from_short_ones():
+    prompt = [1] * 8
+    trajs = [_traj(prompt, [9] * n) for n in (4, 100, 3, 4, 96, 2, 3, 4)]
+    plan = plan_micro_batches(trajs, token_budget=10_000, overhead=16)
+    assert plan == [[1, 4], [0, 3, 7, 2, 6, 5]]
+    # The padding saved outweighs the one extra micro-batch.
+    one = _cost(trajs, range(len(trajs))) + 16
+    assert sum(_cost(trajs, mb) + 16 for mb in plan) < one / 3
+
+
+def _brute_force_best(trajs, order, budget, overhead):
+    """Least cost over every way to cut ``order`` into contiguous micro-batches."""
+    n = len(order)
+    best = None
+    for mask in range(1 << (n - 1)):
+        cuts = [0] + [k + 1 for k in range(n - 1) if mask >> k & 1] + [n]
+        batches = [order[a:b] for a, b in itertools.pairwise(cuts)]
+        if any(len(b) > 1 and _cost(trajs, b) > budget for b in batches):
+            continue
+        total = sum(_cost(trajs, b) + overhead for b in batches)
+        best = total if best is None else min(best, total)
+    return best
+
+
+def test_plan_is_the_cheapest_cut_of_the_sorted_rows():
+    rng = random.Random(0)
+    prompts = [[1] * 5, [2] * 9, [3] * 2]
+    for _ in range(40):
+        trajs = [
+            _traj(rng.choice(prompts), [9] * rng.randint(1, 30)) for _ in range(rng.randint(1, 9))
+        ]
+        budget, overhead = rng.choice([20, 60, 400]), rng.choice([0, 8, 64])
+        plan = plan_micro_batches(trajs, budget, overhead)
+        order = [i for mb in plan for i in mb]
+        assert sorted(order) == list(range(len(trajs)))
+        lengths = [len(trajs[i].response_ids) for i in order]
+        assert lengths == sorted(lengths, reverse=True)
+        got = sum(_cost(trajs, mb) + overhead for mb in plan)
+        assert got == _brute_force_best(trajs, order, budget, overhead)
 
 
 def test_oversized_row_gets_its_own_batch():

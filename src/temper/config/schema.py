@@ -51,6 +51,12 @@ class EngineConfig(_Section):
         "/v1/completions endpoint (eval and rollout-only runs).",
     )
     max_slots: int = Field(256, ge=1, description="Sequences decoded concurrently (native).")
+    prefix_cache_mb: float = Field(
+        256.0,
+        ge=0,
+        description="Native engine: memory for finished sequences' keys/values, reused by later "
+        "prompts that start with the same tokens (the next turn of an episode); 0 = off.",
+    )
     release_memory_during_train: bool = Field(
         True,
         description="Free the engine's KV cache while the trainer steps (engine and trainer "
@@ -278,6 +284,12 @@ class TrainerConfig(_Section):
         ge=16,
         description="Padded-token budget of one micro-batch: distinct prompts x longest prompt "
         "+ responses x longest response.",
+    )
+    micro_batch_overhead_tokens: int = Field(
+        64,
+        ge=0,
+        description="What one more micro-batch costs, in padded tokens: the planner cuts "
+        "length-sorted rows into micro-batches trading padding against this.",
     )
     precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 uses autocast.")
     ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")

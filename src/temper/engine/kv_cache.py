@@ -156,3 +156,19 @@ class SlotKVCache:
     def view(self, layer: int, rows: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of rows ``0..rows-1``, positions ``0..length-1`` (views, no copy)."""
         return self.k[layer, :rows, :, :length], self.v[layer, :rows, :, :length]
+
+    def view_rows(
+        self, layer: int, rows: torch.Tensor, length: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values of ``rows`` (any order), positions ``0..length-1`` (copies)."""
+        return self.k[layer, rows, :, :length], self.v[layer, rows, :, :length]
+
+    def read_row(self, row: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Copies of row ``row``'s first ``length`` positions, all layers: ``[layers, Hk, T, D]``."""
+        return self.k[:, row, :, :length].clone(), self.v[:, row, :, :length].clone()
+
+    def write_rows(self, rows: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Write ``k``/``v`` ``[layers, Hk, T, D]`` into positions ``0..T-1`` of every row in ``rows``."""
+        length = k.shape[2]
+        self.k[:, rows, :, :length] = k.unsqueeze(1)
+        self.v[:, rows, :, :length] = v.unsqueeze(1)

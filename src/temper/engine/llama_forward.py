@@ -341,6 +341,49 @@ class LlamaFamilyModel:
         last = x[torch.arange(n, device=x.device), lengths - 1]
         return self._logits(last)
 
+    def extend(
+        self,
+        token_ids: torch.Tensor,
+        starts: torch.Tensor,
+        lengths: torch.Tensor,
+        cache: SlotKVCache,
+        rows: list[torch.Tensor],
+    ) -> torch.Tensor:
+        """Run right-padded prompt *suffixes* ``[P, S]`` on top of keys already in the cache.
+
+        Suffix p sits at positions ``starts[p] ..``; cache rows ``rows[p]`` (one or
+        more: the samples of one prompt) already hold positions ``0..starts[p]-1``
+        and receive the suffix's keys/values. Each suffix token attends to its
+        row's cached positions and to the suffix up to itself. Returns float32
+        logits ``[P, vocab]`` at each suffix's last real position.
+        """
+        n, width = token_ids.shape
+        h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
+        steps = torch.arange(width, device=token_ids.device)
+        # Padded query positions are clamped; their outputs are never read.
+        positions = (starts.unsqueeze(1) + steps).clamp_(max=self.max_context - 1)
+        total = int((starts + lengths).max())
+        cos = self.cos[positions].unsqueeze(2)  # [P, S, 1, D]
+        sin = self.sin[positions].unsqueeze(2)
+        visible = torch.arange(total, device=token_ids.device) <= positions.unsqueeze(2)
+        mask = visible.unsqueeze(1)  # [P, 1, S, T]: key t is visible to query j
+        first_rows = torch.stack([r[0] for r in rows])
+        x = F.embedding(token_ids, self.embed)
+        for i, layer in enumerate(self.layers):
+            q, k, v = self._qkv(layer, x, cos, sin)
+            k, v = k.transpose(1, 2), v.transpose(1, 2)  # [P, Hk, S, D]
+            for p in range(n):
+                s0, s1 = int(starts[p]), int(starts[p] + lengths[p])
+                cache.k[i, rows[p], :, s0:s1] = k[p, :, : s1 - s0]
+                cache.v[i, rows[p], :, s0:s1] = v[p, :, : s1 - s0]
+            kk, vv = cache.view_rows(i, first_rows, total)
+            attn = F.scaled_dot_product_attention(
+                q.transpose(1, 2), kk, vv, attn_mask=mask, scale=self.scale, enable_gqa=h != hk
+            )
+            x = self._mlp_out(layer, x, attn.transpose(1, 2).reshape(n, width, h * d))
+        last = x[torch.arange(n, device=x.device), lengths - 1]
+        return self._logits(last)
+
     def decode(
         self,
         token_ids: torch.Tensor,

@@ -11,7 +11,9 @@ computes. A step is: compact the cache over
 finished rows, one batched decode forward over all running sequences, then the
 prefill of the newly admitted prompts (grouped by length into a few
 right-padded forwards, see `temper.engine.planning`). Each prompt is prefilled
-once and its keys/values are written into the n rows of its n samples. When
+once and its keys/values are written into the n rows of its n samples (and
+into the rows of any other request admitted with the identical prompt, such as
+the episodes of one group). When
 nothing was admitted, one hand-off runs many decode steps in a row: as many as
 no row can finish in by length, ending early after a step that samples a stop
 token, or once a new request, a cancellation, a weight update or `close`
@@ -29,8 +31,11 @@ near-ties).
 so a step never sees half-updated weights. Sequences in flight keep the
 keys/values computed with the old weights; each token records the version
 that sampled it. The engine is used from one event loop at a time; a new loop
-(e.g. a second `asyncio.run`) starts it afresh. What this engine does not do:
-prefix caching across requests, chunked prefill, speculative decoding,
+(e.g. a second `asyncio.run`) starts it afresh. Prefix caching: a finished
+sequence's keys/values are kept (`temper.engine.prefix_cache`, a byte budget,
+cleared at each weight update), and a later prompt that starts with the same
+tokens, such as the next turn of a conversation, runs only its new part. What
+this engine does not do: chunked prefill, speculative decoding,
 sliding-window attention (see `temper.engine.llama_forward` for the model
 limits). Memory: the weights are copied once, and the KV cache grows to
 (rows in use) x (longest sequence) x layers x 2 x kv_heads x head_dim values.
@@ -49,12 +54,14 @@ from collections.abc import Sequence as Seq
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from temper import compute
 from temper.engine.base import GenerationResult, SamplingParams
 from temper.engine.llama_forward import LlamaFamilyModel
 from temper.engine.planning import attention_chunks
+from temper.engine.prefix_cache import PrefixCache
 from temper.engine.requests import (
     Request,
     Sequence,
@@ -86,8 +93,9 @@ class NativeEngine:
     ``dtype`` if given). ``tokenizer`` is needed only for stop strings.
     ``max_slots`` bounds the sequences decoded at once; ``max_context`` defaults
     to the model's ``max_position_embeddings``. ``max_prefill_tokens`` bounds the
-    padded size of one prefill forward (larger admissions are split). ``seed``
-    seeds the shared generator used by unseeded requests.
+    padded size of one prefill forward (larger admissions are split).
+    ``prefix_cache_mb`` bounds the prefix cache (0 turns it off). ``seed`` seeds
+    the shared generator used by unseeded requests.
     """
 
     def __init__(
@@ -99,6 +107,7 @@ class NativeEngine:
         max_context: int | None = None,
         dtype: torch.dtype | str | None = None,
         max_prefill_tokens: int = 4096,
+        prefix_cache_mb: float = 256.0,
         seed: int | None = None,
     ) -> None:
         if isinstance(dtype, str):
@@ -131,6 +140,7 @@ class NativeEngine:
         self._chunks: list[tuple[int, int]] = []
         self._reserve_len = 0
         self._needs_reset = False
+        self._pending_saves: list[tuple[int, int, np.ndarray, int]] = []
         self._closed = False
         # Bumped (on the loop thread) by anything the worker should return for:
         # a new request, a cancellation, a weight update, close.
@@ -143,6 +153,7 @@ class NativeEngine:
             version=lambda: self.version,
             events=lambda: self._events,
             max_prefill_tokens=max_prefill_tokens,
+            prefix=PrefixCache(int(prefix_cache_mb * 2**20)) if prefix_cache_mb > 0 else None,
         )
 
     @classmethod
@@ -217,6 +228,8 @@ class NativeEngine:
         with self._lock:
             self._model.load_state_dict(state_dict)
             self.version = int(version)
+            if self._runner.prefix is not None:
+                self._runner.prefix.clear()  # its keys/values came from the old weights
 
     def release_memory(self) -> bool:
         """Free the KV cache and hand freed heap back to the OS, if the engine is idle.
@@ -229,9 +242,13 @@ class NativeEngine:
         if self._rows or self._waiting:
             return False
 
+        self._pending_saves = []
+
         def release() -> None:
             with self._lock:
                 self._runner.cache.release()
+                if self._runner.prefix is not None:
+                    self._runner.prefix.clear()
                 self._needs_reset = True
             trim_heap()
 
@@ -268,7 +285,7 @@ class NativeEngine:
         self._rows = []
         self._pending_moves, self._move_len = ([], []), 0
         self._dirty = True
-        self._needs_reset = True
+        self._needs_reset = True  # pending saves still run: no step touched their rows
         self._loop = loop
         self._wake = asyncio.Event()
         self._driver = loop.create_task(self._drive(), name="temper-native-driver")
@@ -324,6 +341,7 @@ class NativeEngine:
         rows = self._rows
         step = Step(moves=self._pending_moves, move_len=self._move_len, prefill=admitted)
         step.reset, self._needs_reset = self._needs_reset, False
+        step.saves, self._pending_saves = self._pending_saves, []
         step.decode_rows = len(rows)
         step.events = self._events
         if admitted:
@@ -358,7 +376,6 @@ class NativeEngine:
         for req in admitted:
             self.stats.requests += 1
             self.stats.samples += req.params.n
-            self.stats.prefill_tokens += len(req.prompt)
             for i in range(req.params.n):
                 seed = req.params.seed
                 if seed is None:
@@ -404,8 +421,16 @@ class NativeEngine:
             if done is not None:
                 req.finish(seq, *done)
                 finished.append(row)
+                self._keep_prefix(row, seq)
         if finished:
             self._compact(finished)
+
+    def _keep_prefix(self, row: int, seq: Sequence) -> None:
+        """Have the next step copy ``row`` into the prefix cache, if one weight version made it."""
+        if self._runner.prefix is None or len(set(seq.versions)) != 1:
+            return
+        tokens = np.array(seq.request.prompt + seq.tokens[:-1], dtype=np.int64)
+        self._pending_saves.append((row, seq.length - 1, tokens, seq.versions[0]))
 
     def _compact(self, finished: list[int]) -> None:
         """Free ``finished`` rows by moving the last live rows into the holes."""
@@ -431,5 +456,6 @@ class NativeEngine:
         self._waiting.clear()
         self._rows = []
         self._pending_moves, self._move_len = ([], []), 0
+        self._pending_saves = []
         self._dirty = True
         self._needs_reset = True

@@ -32,6 +32,7 @@ import torch
 from temper.engine.kv_cache import SlotKVCache
 from temper.engine.llama_forward import LlamaFamilyModel
 from temper.engine.planning import group_by_length
+from temper.engine.prefix_cache import PrefixCache
 from temper.engine.requests import Request
 from temper.engine.sampling import RowParams, sample, uniforms
 
@@ -59,6 +60,9 @@ class Step:
     events: int = 0
     #: Cache positions to hold: the longest prompt + max_new_tokens in flight.
     reserve_len: int = 0
+    #: Finished rows to copy into the prefix cache before the moves overwrite
+    #: them: (row, positions, tokens of those positions, weight version).
+    saves: list[tuple[int, int, np.ndarray, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -76,7 +80,9 @@ class EngineStats:
     """Counters for metrics.
 
     ``prefill_tokens`` counts prompt tokens run through the model (once per
-    prompt, not once per sample). ``prefill_batches`` counts steps that admitted
+    prompt, not once per sample); ``prefix_reused_tokens`` the prompt tokens
+    whose keys/values came from the prefix cache instead, in ``prefix_hits``
+    prompts. ``prefill_batches`` counts steps that admitted
     new requests; ``prefill_forwards`` the forwards they took (one per group of
     similar-length prompts). ``compute_seconds`` is time spent in model steps.
     ``generated_tokens`` and ``decode_steps`` are counted as the steps run.
@@ -85,6 +91,8 @@ class EngineStats:
     requests: int = 0
     samples: int = 0
     prefill_tokens: int = 0
+    prefix_hits: int = 0
+    prefix_reused_tokens: int = 0
     generated_tokens: int = 0
     decode_steps: int = 0
     prefill_batches: int = 0
@@ -108,8 +116,10 @@ class StepRunner:
         version: Callable[[], int],
         events: Callable[[], int],
         max_prefill_tokens: int,
+        prefix: PrefixCache | None = None,
     ) -> None:
         self.model = model
+        self.prefix = prefix
         self.cache = cache
         self.lock = lock
         self.stats = stats
@@ -129,6 +139,8 @@ class StepRunner:
         )
         with torch.inference_mode():
             with self.lock:
+                if step.saves and self.prefix is not None:
+                    self._save(step.saves)  # first: a reset or the moves overwrite the rows
                 if step.reset:
                     cache.reset()
                     w.clear()
@@ -230,14 +242,23 @@ class StepRunner:
         else:
             w.pop("stop", None)
 
+    def _save(self, saves: list[tuple[int, int, np.ndarray, int]]) -> None:
+        """Copy finished rows into the prefix cache (only those of the current weights)."""
+        assert self.prefix is not None
+        version = self._version()
+        for row, length, tokens, row_version in saves:
+            if row_version == version and length <= self.cache.position_capacity:
+                self.prefix.add(tokens, *self.cache.read_row(row, length))
+
     def _prefill(
         self, requests: list[Request], keys: list[int], first_row: int
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefill ``requests`` into rows from ``first_row``; sample each sample's first token.
 
-        Prompts are grouped by length (`group_by_length`) so padding stays small;
-        each group is one forward whose keys/values go to the rows of all the
-        group's samples.
+        A prompt that shares a prefix with a prefix-cache entry gets those
+        keys/values copied in and runs only the rest (`_extend`). The others are
+        grouped by length (`group_by_length`) so padding stays small; each group
+        is one forward whose keys/values go to the rows of all the group's samples.
         """
         offsets, total = [], 0
         for r in requests:
@@ -245,18 +266,47 @@ class StepRunner:
             total += r.params.n
         model = self.model
         logits = torch.empty(total, model.vocab_size, dtype=torch.float32)
-        lengths = [len(r.prompt) for r in requests]
+        hits: dict[int, int] = {}
+        if self.prefix is not None:
+            for k, r in enumerate(requests):
+                found = self.prefix.lookup(np.asarray(r.prompt, dtype=np.int64))
+                if found is not None:
+                    entry, shared = found
+                    rows = torch.arange(r.params.n) + first_row + offsets[k]
+                    self.cache.write_rows(rows, entry.k[:, :, :shared], entry.v[:, :, :shared])
+                    hits[k] = shared
+            if hits:
+                self._extend(requests, hits, offsets, first_row, logits)
+        # Identical prompts admitted together (a group's episodes, each its own request)
+        # run once; their keys/values go to the rows of every sample of each.
+        prompts: dict[tuple[int, ...], list[int]] = {}
+        for k, r in enumerate(requests):
+            if k not in hits:
+                prompts.setdefault(tuple(r.prompt), []).append(k)
+        members = list(prompts.values())
+        lengths = [len(requests[ks[0]].prompt) for ks in members]
+        self.stats.prefill_tokens += sum(lengths)
         for group in group_by_length(lengths, PREFILL_OVERHEAD_TOKENS, self.max_prefill_tokens):
-            width = max(lengths[k] for k in group)
+            width = max(lengths[u] for u in group)
             ids = torch.zeros(len(group), width, dtype=torch.int64)
-            for i, k in enumerate(group):
-                ids[i, : lengths[k]] = torch.tensor(requests[k].prompt, dtype=torch.int64)
-            src = [i for i, k in enumerate(group) for _ in range(requests[k].params.n)]
-            out_rows = [offsets[k] + j for k in group for j in range(requests[k].params.n)]
+            for i, u in enumerate(group):
+                ids[i, : lengths[u]] = torch.tensor(requests[members[u][0]].prompt)
+            src = [
+                i
+                for i, u in enumerate(group)
+                for k in members[u]
+                for _ in range(requests[k].params.n)
+            ]
+            out_rows = [
+                offsets[k] + j
+                for u in group
+                for k in members[u]
+                for j in range(requests[k].params.n)
+            ]
             src_t = torch.tensor(src, dtype=torch.int64)
             rows_t = torch.tensor(out_rows, dtype=torch.int64)
-            lens_t = torch.tensor([lengths[k] for k in group], dtype=torch.int64)
-            shared = len(src) > len(group)  # some prompt has n > 1 samples
+            lens_t = torch.tensor([lengths[u] for u in group], dtype=torch.int64)
+            shared = len(src) > len(group)  # some prompt fills more than one row
             out = model.prefill(
                 ids, lens_t, self.cache, rows_t + first_row, src_t if shared else None
             )
@@ -271,3 +321,33 @@ class StepRunner:
             key_arr = np.array(keys, dtype=np.uint64)
             u = torch.from_numpy(uniforms(key_arr, np.zeros(len(keys), dtype=np.uint64)))
         return sample(logits, row_params, u)
+
+    def _extend(
+        self,
+        requests: list[Request],
+        hits: dict[int, int],
+        offsets: list[int],
+        first_row: int,
+        logits: torch.Tensor,
+    ) -> None:
+        """Run the uncached rest of each hit prompt (``hits``: index -> cached length)."""
+        order = list(hits)
+        rest = [len(requests[k].prompt) - hits[k] for k in order]
+        self.stats.prefix_hits += len(order)
+        self.stats.prefix_reused_tokens += sum(hits.values())
+        self.stats.prefill_tokens += sum(rest)
+        for sub in group_by_length(rest, PREFILL_OVERHEAD_TOKENS, self.max_prefill_tokens):
+            group = [order[i] for i in sub]
+            width = max(rest[i] for i in sub)
+            ids = torch.zeros(len(group), width, dtype=torch.int64)
+            rows = []
+            for i, k in enumerate(group):
+                suffix = requests[k].prompt[hits[k] :]
+                ids[i, : len(suffix)] = torch.tensor(suffix, dtype=torch.int64)
+                rows.append(torch.arange(requests[k].params.n) + first_row + offsets[k])
+            starts = torch.tensor([hits[k] for k in group], dtype=torch.int64)
+            lens = torch.tensor([rest[i] for i in sub], dtype=torch.int64)
+            out = self.model.extend(ids, starts, lens, self.cache, rows)
+            for i, row_ids in enumerate(rows):
+                logits[row_ids - first_row] = out[i]
+            self.stats.prefill_forwards += 1

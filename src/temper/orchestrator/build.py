@@ -121,7 +121,9 @@ def build_engine(cfg: Config, model_path: str, tokenizer: Any) -> Any:
             timeout_s=cfg.engine.timeout_s,
         )
     model = load_model(model_path, dtype=torch_dtype(cfg.model.dtype))
-    opts = {"max_slots": cfg.engine.max_slots} if cfg.engine.type == "native" else {}
+    opts = {}
+    if cfg.engine.type == "native":
+        opts = {"max_slots": cfg.engine.max_slots, "prefix_cache_mb": cfg.engine.prefix_cache_mb}
     return make(cfg.engine.type, model, tokenizer, **opts)
 
 

@@ -8,15 +8,20 @@ prompts, hands their keys/values to the responses, and backpropagates through
 both. The result equals the row-by-row forward up to float rounding (tested),
 and the prompt's share of compute and activation memory drops n-fold.
 
-Rows are ordered by prompt (groups in order of first appearance, longest
-response first inside a group) and packed greedily while the padded cost
-``prompts * longest prompt + rows * longest response`` stays within the budget.
-A row whose own cost exceeds the budget gets a micro-batch to itself. The plan
-is deterministic for a given input.
+The planner sorts rows by response length (longest first; ties keep a
+group's rows together) and cuts that order into micro-batches by dynamic
+programming, minimising the total padded cost ``distinct prompts * longest
+prompt + rows * longest response`` plus a fixed ``overhead`` per micro-batch
+(the cost of one more forward/backward call, in padded tokens), with every
+micro-batch's padded cost within the token budget. A row whose own cost
+exceeds the budget gets a micro-batch to itself. Rollouts with long-tailed
+response lengths then pay for their padding once, in one micro-batch of long
+rows, instead of in every row. The plan is deterministic for a given input.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -24,34 +29,42 @@ import torch
 from temper.rollout.trajectory import Trajectory
 
 
-def plan_micro_batches(trajs: list[Trajectory], token_budget: int) -> list[list[int]]:
-    """Row indices of ``trajs``, grouped into micro-batches under ``token_budget`` padded tokens."""
+def plan_micro_batches(
+    trajs: list[Trajectory], token_budget: int, overhead: int = 64
+) -> list[list[int]]:
+    """Row indices of ``trajs``, grouped into micro-batches under ``token_budget`` padded tokens.
+
+    Optimal over the ways to cut the length-sorted row order into contiguous
+    micro-batches (see the module docstring); O(rows x rows per micro-batch).
+    """
     keys = [tuple(t.prompt_ids) for t in trajs]
-    groups: dict[tuple[int, ...], list[int]] = {}
+    first_seen: dict[tuple[int, ...], int] = {}
     for i, key in enumerate(keys):
-        groups.setdefault(key, []).append(i)
-    order: list[int] = []
-    for group in groups.values():  # groups in order of first appearance
-        order += sorted(group, key=lambda i: (-len(trajs[i].response_ids), i))
+        first_seen.setdefault(key, i)
+    order = sorted(
+        range(len(trajs)), key=lambda i: (-len(trajs[i].response_ids), first_seen[keys[i]], i)
+    )
+    n = len(order)
+    best = [0.0] + [math.inf] * n  # best[j]: least cost of planning order[:j]
+    cut = [0] * (n + 1)  # the last micro-batch of that plan is order[cut[j]:j]
+    for j in range(1, n + 1):
+        prompts: set[tuple[int, ...]] = set()
+        longest_p = 0
+        for i in range(j - 1, -1, -1):  # micro-batch order[i:j]; its longest response is order[i]
+            row = order[i]
+            prompts.add(keys[row])
+            longest_p = max(longest_p, len(trajs[row].prompt_ids))
+            cost = len(prompts) * longest_p + (j - i) * len(trajs[row].response_ids)
+            if cost > token_budget and j - i > 1:
+                break  # adding earlier (longer) rows only costs more
+            if best[i] + cost + overhead < best[j]:
+                best[j], cut[j] = best[i] + cost + overhead, i
     batches: list[list[int]] = []
-    current: list[int] = []
-    prompts: set[tuple[int, ...]] = set()
-    longest_p = longest_r = 0
-    for i in order:
-        t = trajs[i]
-        new_prompts = len(prompts) + (keys[i] not in prompts)
-        p = max(longest_p, len(t.prompt_ids))
-        r = max(longest_r, len(t.response_ids))
-        if current and new_prompts * p + (len(current) + 1) * r > token_budget:
-            batches.append(current)
-            current, prompts = [], set()
-            p, r = len(t.prompt_ids), len(t.response_ids)
-        current.append(i)
-        prompts.add(keys[i])
-        longest_p, longest_r = p, r
-    if current:
-        batches.append(current)
-    return batches
+    j = n
+    while j > 0:
+        batches.append(order[cut[j] : j])
+        j = cut[j]
+    return batches[::-1]
 
 
 @dataclass

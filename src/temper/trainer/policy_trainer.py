@@ -116,7 +116,9 @@ class PolicyTrainer:
 
     def _plan(self, trajs: list[Trajectory]) -> list[list[int]]:
         """Micro-batches of ``trajs`` (lists of positions in it)."""
-        return plan_micro_batches(trajs, self.cfg.micro_batch_tokens)
+        return plan_micro_batches(
+            trajs, self.cfg.micro_batch_tokens, self.cfg.micro_batch_overhead_tokens
+        )
 
     def _collate(self, trajs: list[Trajectory], rows: list[int]) -> MicroBatch:
         return collate(trajs, rows, self.pad_id)
