@@ -152,3 +152,20 @@ def test_lr_schedule():
     assert lr_multiplier(4, 4, 104, "cosine") == 1.0
     assert abs(lr_multiplier(54, 4, 104, "cosine") - 0.5) < 1e-9
     assert abs(lr_multiplier(104, 4, 104, "linear")) < 1e-9
+
+
+def test_plan_depends_on_the_rows_not_their_order():
+    rng = random.Random(1)
+    prompts = [[1] * 5, [2] * 9]
+    trajs = [_traj(rng.choice(prompts), [rng.randint(3, 9)] * rng.randint(1, 6)) for _ in range(12)]
+    plan = plan_micro_batches(trajs, 40, 8)
+    perm = list(range(len(trajs)))
+    rng.shuffle(perm)
+    shuffled = [trajs[i] for i in perm]
+    plan_shuffled = plan_micro_batches(shuffled, 40, 8)
+
+    def contents(ts, p):
+        return [[(tuple(ts[i].prompt_ids), tuple(ts[i].response_ids)) for i in mb] for mb in p]
+
+    assert len(plan) > 1
+    assert contents(shuffled, plan_shuffled) == contents(trajs, plan)

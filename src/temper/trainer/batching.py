@@ -8,15 +8,15 @@ prompts, hands their keys/values to the responses, and backpropagates through
 both. The result equals the row-by-row forward up to float rounding (tested),
 and the prompt's share of compute and activation memory drops n-fold.
 
-The planner sorts rows by response length (longest first; ties keep a
-group's rows together) and cuts that order into micro-batches by dynamic
+The planner sorts rows by response length (longest first; ties by prompt,
+then response tokens, so the plan does not depend on the rows' order) and cuts that order into micro-batches by dynamic
 programming, minimising the total padded cost ``distinct prompts * longest
 prompt + rows * longest response`` plus a fixed ``overhead`` per micro-batch
 (the cost of one more forward/backward call, in padded tokens), with every
 micro-batch's padded cost within the token budget. A row whose own cost
 exceeds the budget gets a micro-batch to itself. Rollouts with long-tailed
 response lengths then pay for their padding once, in one micro-batch of long
-rows, instead of in every row. The plan is deterministic for a given input.
+rows, instead of in every row. The plan depends only on the rows' contents.
 """
 
 from __future__ import annotations
@@ -38,11 +38,12 @@ def plan_micro_batches(
     micro-batches (see the module docstring); O(rows x rows per micro-batch).
     """
     keys = [tuple(t.prompt_ids) for t in trajs]
-    first_seen: dict[tuple[int, ...], int] = {}
-    for i, key in enumerate(keys):
-        first_seen.setdefault(key, i)
+    # Ties are broken by content, not position: the same rows in another order (groups
+    # finish in a timing-dependent order) get the same micro-batches, hence the same
+    # float results; equal lengths with the same prompt stay side by side.
     order = sorted(
-        range(len(trajs)), key=lambda i: (-len(trajs[i].response_ids), first_seen[keys[i]], i)
+        range(len(trajs)),
+        key=lambda i: (-len(trajs[i].response_ids), keys[i], trajs[i].response_ids, i),
     )
     n = len(order)
     best = [0.0] + [math.inf] * n  # best[j]: least cost of planning order[:j]
