@@ -144,19 +144,34 @@ def _entry(tokens: list[int], width: int = 4) -> tuple[np.ndarray, torch.Tensor,
 
 
 def test_lookup_finds_the_longest_shared_prefix_and_keeps_one_token_to_run():
-    cache = PrefixCache(max_bytes=1 << 20, min_tokens=3)
+    cache = PrefixCache(max_bytes=1 << 20, block=2)
     cache.add(*_entry([1, 2, 3, 4, 5, 6]))
     cache.add(*_entry([1, 2, 3, 9, 9]))
     assert cache.lookup(np.array([1, 2, 3, 9, 9, 7]))[1] == 5
     assert cache.lookup(np.array([1, 2, 3, 4, 8]))[1] == 4
     assert cache.lookup(np.array([1, 2, 3, 4, 5, 6]))[1] == 5  # the last token still runs
-    assert cache.lookup(np.array([1, 2, 7, 7])) is None  # 2 shared < min_tokens
-    assert (cache.stats.lookups, cache.stats.hits) == (4, 3)
+    assert cache.lookup(np.array([1, 7, 7, 7])) is None  # 1 shared < one block
+    assert cache.lookup(np.array([2, 1, 3, 4])) is None
+    assert (cache.stats.lookups, cache.stats.hits) == (5, 3)
+
+
+def test_lookup_among_many_entries_picks_the_longest():
+    rng = np.random.default_rng(0)
+    cache = PrefixCache(max_bytes=1 << 30)
+    stem = list(range(40))
+    for _ in range(300):  # same 40-token stem, then random tails
+        cache.add(*_entry(stem + rng.integers(100, 200, 60).tolist()))
+    target = stem + rng.integers(100, 200, 60).tolist()
+    cache.add(*_entry(target))
+    for _ in range(300):
+        cache.add(*_entry(stem + rng.integers(100, 200, 60).tolist()))
+    entry, shared = cache.lookup(np.array([*target[:77], 5, 5, 5]))
+    assert shared == 77 and entry.tokens.tolist() == target
 
 
 def test_entries_are_evicted_least_recently_used_within_the_byte_budget():
     one = 2 * 2 * 1 * 10 * 4 * 4  # k and v of 2 layers x 1 head x 10 positions x 4 dims, fp32
-    cache = PrefixCache(max_bytes=2 * one, min_tokens=2)
+    cache = PrefixCache(max_bytes=2 * one, block=2)
     a, b, c = ([k] * 10 for k in (1, 2, 3))
     cache.add(*_entry(a))
     cache.add(*_entry(b))

@@ -7,9 +7,9 @@ finished sequence's keys/values (all layers, the positions whose keys are in
 the slot cache: the prompt and every generated token but the last). A new
 request looks for the entry sharing its longest common prefix, copies those
 positions into its rows and runs only the rest of its prompt
-(`LlamaFamilyModel.extend`). The match is token by token, so it also covers
-partial sharing: the same system prompt or few-shot block under different
-questions, or a group's prompt re-sent with a longer history.
+(`LlamaFamilyModel.extend`). Any shared prefix of at least one block (16
+tokens) counts, so it also covers partial sharing: the same system prompt or
+few-shot block under different questions.
 
 Entries hold keys/values computed by one weight version; the engine clears the
 cache when its weights change (a weight update would make them stale) and
@@ -45,7 +45,7 @@ class PrefixEntry:
 
 @dataclass
 class PrefixStats:
-    """Counters: lookups that reused at least ``min_tokens``, tokens reused, entries dropped."""
+    """Counters: lookups, lookups that reused keys/values, tokens reused, entries evicted."""
 
     lookups: int = 0
     hits: int = 0
@@ -54,31 +54,60 @@ class PrefixStats:
 
 
 class PrefixCache:
-    """An LRU of `PrefixEntry` within ``max_bytes``; ``min_tokens`` is the shortest reuse."""
+    """An LRU of `PrefixEntry` within ``max_bytes``, found by blocks of ``block`` tokens.
 
-    def __init__(self, max_bytes: int, min_tokens: int = 16) -> None:
+    Every entry is indexed by the chained hashes of its first 1, 2, ... full
+    blocks, so a lookup costs one hash per block of the prompt, whatever the
+    number of entries. The deepest block shared picks the entry; the shared
+    length is then counted token by token (and checked from the start, so a
+    hash collision cannot hand over the wrong keys). Reuse starts at one full
+    block.
+    """
+
+    def __init__(self, max_bytes: int, block: int = 16) -> None:
         self.max_bytes = max_bytes
-        self.min_tokens = max(1, min_tokens)
+        self.block = max(1, block)
         self.stats = PrefixStats()
         self._entries: OrderedDict[int, PrefixEntry] = OrderedDict()
+        self._hashes: dict[int, list[int]] = {}  # entry id -> its block hashes
+        self._index: dict[int, dict[int, None]] = {}  # block hash -> entry ids, newest last
         self._next_id = 0
         self.nbytes = 0
 
     def __len__(self) -> int:
         return len(self._entries)
 
+    def _block_hashes(self, tokens: np.ndarray) -> list[int]:
+        out, h, b = [], 0, self.block
+        for end in range(b, len(tokens) + 1, b):
+            h = hash((h, tokens[end - b : end].tobytes()))
+            out.append(h)
+        return out
+
     def add(self, tokens: np.ndarray, k: torch.Tensor, v: torch.Tensor) -> None:
         """Keep ``k``/``v`` (owned copies) for ``tokens``, evicting old entries to fit."""
         entry = PrefixEntry(tokens, k, v)
-        if entry.nbytes > self.max_bytes or len(tokens) < self.min_tokens:
+        if entry.nbytes > self.max_bytes or len(tokens) < self.block:
             return
         while self._entries and self.nbytes + entry.nbytes > self.max_bytes:
-            _, old = self._entries.popitem(last=False)
-            self.nbytes -= old.nbytes
+            self._remove(next(iter(self._entries)))
             self.stats.evicted += 1
-        self._entries[self._next_id] = entry
+        entry_id = self._next_id
         self._next_id += 1
+        self._entries[entry_id] = entry
+        self._hashes[entry_id] = self._block_hashes(tokens)
+        for h in self._hashes[entry_id]:
+            self._index.setdefault(h, {})[entry_id] = None
         self.nbytes += entry.nbytes
+
+    def _remove(self, entry_id: int) -> None:
+        entry = self._entries.pop(entry_id)
+        self.nbytes -= entry.nbytes
+        for h in self._hashes.pop(entry_id):
+            ids = self._index[h]
+            del ids[entry_id]
+            if not ids:
+                del self._index[h]
 
     def lookup(self, prompt: np.ndarray) -> tuple[PrefixEntry, int] | None:
         """The entry sharing the longest prefix with ``prompt`` and that length, or None.
@@ -88,22 +117,27 @@ class PrefixCache:
         """
         self.stats.lookups += 1
         limit = len(prompt) - 1
-        best_id, best_len = -1, 0
-        for entry_id, entry in self._entries.items():
-            n = min(limit, len(entry.tokens))
-            if n <= best_len:
-                continue
-            differ = np.flatnonzero(entry.tokens[:n] != prompt[:n])
-            shared = int(differ[0]) if differ.size else n
-            if shared > best_len:
-                best_id, best_len = entry_id, shared
-        if best_len < self.min_tokens:
+        best_id = None
+        for h in self._block_hashes(prompt[:limit]):
+            ids = self._index.get(h)
+            if not ids:
+                break
+            best_id = next(reversed(ids))
+        if best_id is None:
+            return None
+        entry = self._entries[best_id]
+        n = min(limit, len(entry.tokens))
+        differ = np.flatnonzero(entry.tokens[:n] != prompt[:n])
+        shared = int(differ[0]) if differ.size else n
+        if shared < self.block:
             return None
         self._entries.move_to_end(best_id)
         self.stats.hits += 1
-        self.stats.reused_tokens += best_len
-        return self._entries[best_id], best_len
+        self.stats.reused_tokens += shared
+        return entry, shared
 
     def clear(self) -> None:
         self._entries.clear()
+        self._hashes.clear()
+        self._index.clear()
         self.nbytes = 0
