@@ -7,8 +7,8 @@ token-mean ("dapo") loss, std-scaled group advantages, one optimizer step per
 generation batch with forward/backward in micro-batches of the same padded size
 (TRL: per-device batch 16 with 4 accumulation steps, i.e. 16 x (longest prompt
 + 32) padded tokens per forward; Temper: that many tokens as its
-`micro_batch_tokens` budget, which its trainer fills with each distinct prompt
-once plus its responses), fp32, 2 CPU threads. Each side runs in its own subprocess so
+`micro_batch_tokens` budget, within which its trainer runs each distinct prompt
+once plus its responses, cutting length-sorted rows to the least padding), fp32, 2 CPU threads. Each side runs in its own subprocess so
 peak RSS is its own. Prints one JSON line; `ratio` = TRL median s/step divided
 by Temper median s/step (higher is better for Temper).
 
