@@ -1,5 +1,6 @@
 """Asynchronous off-policy training: bounded staleness, corrections, interruption."""
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -87,3 +88,77 @@ def test_is_band_must_be_ordered(tmp_path, capsys):
     code = main(["train", *ASYNC, f"--run.output_dir={tmp_path}", "--algo.is_low=3"])
     assert code == 2
     assert "is_low" in capsys.readouterr().err
+
+
+class _GatedSource:
+    """A rollout source whose groups finish when the test says so (scheduling only).
+
+    Each group is one trajectory whose tokens carry the weight version current
+    when the group started, so its staleness is known exactly.
+    """
+
+    def __init__(self, version):
+        self.version = version
+        self.gates: dict[str, asyncio.Event] = {}
+
+    async def groups(self, tasks, params, seed=None):
+        from temper.rollout.trajectory import Trajectory
+
+        [task] = tasks
+        started = self.version()
+        await self.gates.setdefault(task.id, asyncio.Event()).wait()
+        traj = Trajectory(
+            task_id=task.id,
+            group_id=0,
+            prompt_ids=[1],
+            response_ids=[2],
+            loss_mask=[1],
+            behaviour_logprobs=[-0.1],
+            versions=[started],
+            finish_reason="stop",
+        )
+        return [[traj]], {}
+
+    async def finish(self, task_id):
+        self.gates.setdefault(task_id, asyncio.Event()).set()
+        for _ in range(5):  # let the group's task complete
+            await asyncio.sleep(0)
+
+
+def test_finished_groups_are_taken_oldest_first():
+    from temper.data.base import Task
+    from temper.engine.base import SamplingParams
+    from temper.orchestrator.async_rollouts import AsyncRollouts
+
+    version = [0]
+    source = _GatedSource(lambda: version[0])
+    ids = iter(f"t{i}" for i in range(100))
+    rollouts = AsyncRollouts(
+        source,
+        lambda: Task(id=next(ids), prompt="p"),
+        SamplingParams(n=1),
+        prompts_per_step=1,
+        max_staleness=2,
+        interrupt="continue",
+        seed=0,
+        version=lambda: version[0],
+    )
+
+    async def go():
+        rollouts.start(1)
+        await asyncio.sleep(0)  # t0, t1, t2 start at version 0 (slots 1-3)
+        await source.finish("t0")
+        [[first]], _ = await rollouts.take(1)
+        version[0] = 1
+        rollouts.weights_updated(1)
+        await asyncio.sleep(0)  # t3 starts at version 1 (slot 4)
+        await source.finish("t3")  # finishes first, but is the newer group
+        await source.finish("t1")
+        [[second]], _ = await rollouts.take(2)
+        await rollouts.close()
+        return first, second
+
+    first, second = asyncio.run(go())
+    assert first.task_id == "t0"
+    assert (second.task_id, second.versions) == ("t1", [0])
+    assert rollouts.stats.expired == 0

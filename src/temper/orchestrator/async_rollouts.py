@@ -2,9 +2,10 @@
 
 `AsyncRollouts` runs on the orchestrator's event loop next to the training
 loop. It starts one group (one task, ``group_size`` samples) at a time through
-the run's `RolloutSource`, keeps many in flight, and hands the trainer the
-first ``prompts_per_step`` groups to *finish*, so one slow episode (a long tool
-call, a long answer) never holds up a step.
+the run's `RolloutSource`, keeps many in flight, and hands the trainer
+``prompts_per_step`` of the groups that have *finished* (oldest weights first,
+so fewer of them expire), so one slow episode (a long tool call, a long
+answer) never holds up a step.
 
 Staleness. The engine's weight version after training step s is s. Group
 number g (counting from the run's first async step f) is meant for step
@@ -124,7 +125,7 @@ class AsyncRollouts:
         self._filler = asyncio.get_running_loop().create_task(self._fill(), name="temper-async")
 
     async def take(self, step: int) -> tuple[Groups, dict[str, float]]:
-        """The first ``prompts_per_step`` groups to finish that are fresh enough for ``step``."""
+        """``prompts_per_step`` finished groups fresh enough for ``step``, oldest first."""
         waited_from = time.perf_counter()
         oldest_allowed = step - 1 - self.max_staleness
         while True:
@@ -135,6 +136,9 @@ class AsyncRollouts:
                 break
             self._changed.clear()
             await self._changed.wait()
+        # Oldest first (stable, so finish order among equals): a finished group that
+        # would be too old for the next step is trained now instead of thrown away.
+        self._done.sort(key=lambda item: item.oldest)
         taken, self._done = self._done[: self.prompts_per_step], self._done[self.prompts_per_step :]
         self._changed.set()
         groups = []
