@@ -27,6 +27,13 @@ def sampled(seed: int, n: int = 1, max_new: int = 10) -> SamplingParams:
     return SamplingParams(n=n, temperature=1.0, max_new_tokens=max_new, seed=seed, ignore_eos=True)
 
 
+def _assert_matches_hf(model, prompt: list[int], result) -> None:
+    """Every sample's logprobs equal HF's full forward over prompt + sample."""
+    for s in result.samples:
+        ref = hf_logprobs(model, prompt, s.token_ids)
+        torch.testing.assert_close(torch.tensor(s.logprobs), ref, atol=1e-4, rtol=0)
+
+
 def _turns(engine: NativeEngine, params: SamplingParams) -> tuple[list[int], object]:
     """Turn 1, then turn 2 = turn 1's prompt + its response + a tool output."""
     first = run(engine.generate(TURN1, greedy(12)))
@@ -44,9 +51,7 @@ def test_next_turn_runs_only_its_new_tokens_and_matches_hf(kind):
     reused = len(TURN1) + 11
     assert (stats.prefix_hits, stats.prefix_reused_tokens) == (1, reused)
     assert stats.prefill_tokens == len(TURN1) + len(turn2) - reused
-    for s in result.samples:
-        ref = hf_logprobs(model, turn2, s.token_ids)
-        torch.testing.assert_close(torch.tensor(s.logprobs), ref, atol=1e-4, rtol=0)
+    _assert_matches_hf(model, turn2, result)
     run(engine.close())
 
 
@@ -61,8 +66,7 @@ def test_identical_prompts_admitted_together_are_prefilled_once():
     assert (engine.stats.prefill_tokens, engine.stats.prefill_forwards) == (len(TURN1), 1)
     assert len({tuple(r.samples[0].token_ids) for r in results}) > 1  # own seeds, own samples
     for r in results:
-        ref = hf_logprobs(model, TURN1, r.samples[0].token_ids)
-        torch.testing.assert_close(torch.tensor(r.samples[0].logprobs), ref, atol=1e-4, rtol=0)
+        _assert_matches_hf(model, TURN1, r)
     run(engine.close())
 
 
@@ -100,9 +104,7 @@ def test_hits_and_misses_admitted_together_each_get_their_own_prefix():
     prompts, results = run(go())
     assert engine.stats.prefix_hits == 3
     for prompt, result in zip(prompts, results, strict=True):
-        for s in result.samples:
-            ref = hf_logprobs(model, prompt, s.token_ids)
-            torch.testing.assert_close(torch.tensor(s.logprobs), ref, atol=1e-4, rtol=0)
+        _assert_matches_hf(model, prompt, result)
     run(engine.close())
 
 
@@ -115,8 +117,7 @@ def test_weight_update_empties_the_cache():
     turn2 = TURN1 + first.samples[0].token_ids + TOOL
     result = run(engine.generate(turn2, greedy(8)))
     assert engine.stats.prefix_hits == 0  # the old keys/values were not reused
-    ref = hf_logprobs(other, turn2, result.samples[0].token_ids)
-    torch.testing.assert_close(torch.tensor(result.samples[0].logprobs), ref, atol=1e-4, rtol=0)
+    _assert_matches_hf(other, turn2, result)
     run(engine.close())
 
 
