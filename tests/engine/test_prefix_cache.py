@@ -79,7 +79,9 @@ def test_outputs_equal_an_engine_without_the_cache():
     assert a.samples[0].token_ids == b.samples[0].token_ids
     np.testing.assert_allclose(a.samples[0].logprobs, b.samples[0].logprobs, atol=1e-5)
     assert plain.stats.prefix_hits == 0 and cached.stats.prefix_hits == 1
+    assert len(cached._runner.prefix) == 1  # turn 1 (turn 2 is saved at the next step)
     run(cached.close())
+    assert len(cached._runner.prefix) == 0  # close frees the kept keys/values too
     run(plain.close())
 
 

@@ -266,7 +266,12 @@ class NativeEngine:
             with contextlib.suppress(asyncio.CancelledError):
                 await driver
         self._fail_all(RuntimeError("NativeEngine was closed"))
-        compute.run(self._cache.release)
+        compute.run(self._free_caches)
+
+    def _free_caches(self) -> None:
+        self._cache.release()
+        if self._runner.prefix is not None:
+            self._runner.prefix.clear()
 
     def stats_dict(self) -> dict[str, float]:
         """The counters in `stats` as a flat dict (for metric sinks)."""
