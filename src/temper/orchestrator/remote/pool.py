@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -68,53 +67,12 @@ class WorkerPool(SupervisedPool):
         self.spec, self.pid_dir = spec, pid_dir
         self._ctx = multiprocessing.get_context("spawn")
         self._wake_r, self._wake_w = os.pipe()
-        self._thread = threading.Thread(target=self._supervise, daemon=True, name="temper-pool")
 
     # ------------------------------------------------------------ public
 
-    def start(self) -> dict[str, Any]:
-        """Spawn the workers and wait until all are ready; returns the first one's info."""
-        with self._lock:
-            self._workers = [self._spawn(i, 0) for i in range(self.n)]
-        self._thread.start()
-        with self._lock:
-            self._wait_until(lambda: all(w.ready for w in self._workers))
-            return dict(self._workers[0].info)
-
-    def cancel(self, rid: int) -> None:
-        """Forget request ``rid`` (no-op once it finished); its worker drops it."""
-        with self._lock:
-            req = self._requests.pop(rid, None)
-            if req is None:
-                return
-            if req.worker is None:
-                self._pending.remove(req)
-            else:
-                req.worker.in_flight.discard(rid)
-                req.worker.send(("cancel", rid, None))
-
-    def set_version(self, version: int) -> None:
-        """Make every worker hold weights ``version`` (already in the ring, or the start
-        weights when nothing was published); blocks until all have it. Workers that
-        restart meanwhile load it when they come up."""
-        with self._lock:
-            self.target_version = version
-            for w in self._workers:
-                self._sync_version(w)
-            self._wait_until(lambda: all(w.ready and w.version == version for w in self._workers))
-            self._dispatch()
-
-    def close(self, timeout_s: float = 10.0) -> None:
-        """Stop the supervisor, ask workers to close, SIGKILL any still alive after
-        ``timeout_s``; fail requests still pending. Idempotent."""
-        with self._lock:
-            if self._closing:
-                return
-            self._closing = True
-            workers = list(self._workers)
-            orphans = list(self._requests.values())
-            self._requests.clear()
-            self._pending.clear()
+    def _shut_down(self, workers: list[WorkerProcess], timeout_s: float) -> None:
+        """Wake and join the supervisor, ask workers to close, SIGKILL any still alive
+        after ``timeout_s``."""
         os.write(self._wake_w, b"x")
         if self._thread.is_alive():
             self._thread.join(timeout=5)
@@ -127,8 +85,6 @@ class WorkerPool(SupervisedPool):
         for w in workers:
             w.process.join(timeout=max(0.0, deadline - time.monotonic()))
             w.kill()
-        for req in orphans:
-            req.done(None, WorkerError(f"rollout request for task {req.label!r}: pool closed"))
         os.close(self._wake_r)
         os.close(self._wake_w)
 
@@ -141,6 +97,9 @@ class WorkerPool(SupervisedPool):
     def _sync_version(self, w: WorkerProcess) -> None:
         if w.ready and not w.dead and w.version != self.target_version:
             w.send(("load_weights", -self.target_version - 1, self.target_version))
+
+    def _cancel_sent(self, w: WorkerProcess, req: Request) -> None:
+        w.send(("cancel", req.rid, None))
 
     def _send(self, w: WorkerProcess, req: Request) -> None:
         w.send(("groups", req.rid, req.body))

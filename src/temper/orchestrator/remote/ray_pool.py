@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import contextlib
 import re
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -85,6 +84,7 @@ class RayWorkerPool(SupervisedPool):
     """
 
     supervisor_name = "Ray rollout supervisor"
+    thread_name = "temper-ray"
 
     def __init__(
         self,
@@ -128,9 +128,8 @@ class RayWorkerPool(SupervisedPool):
             max_restarts=0,  # the pool replaces actors itself, with their requests
         )(RayRolloutActor)
         self._pg: Any = None
-        self._state_ref: Any = None  # newest published weights in the object store
+        # `staged_weights`: the newest published weights in the object store (or None).
         self._calls: dict[Any, tuple[str, _Actor, int]] = {}  # ObjectRef -> (kind, actor, rid)
-        self._thread = threading.Thread(target=self._supervise, daemon=True, name="temper-ray")
 
     # ------------------------------------------------------------ public
 
@@ -150,62 +149,25 @@ class RayWorkerPool(SupervisedPool):
                 f"({self.placement}) within {self.start_timeout_s:.0f}s; the cluster has "
                 f"{self._ray.cluster_resources()}"
             ) from None
-        with self._lock:
-            self._workers = [self._spawn(i, 0) for i in range(self.n)]
-        self._thread.start()
-        with self._lock:
-            self._wait_until(lambda: all(w.ready for w in self._workers))
-            return dict(self._workers[0].info)
+        return super().start()
 
-    def cancel(self, rid: int) -> None:
-        """Forget request ``rid`` (no-op once it finished); its actor call is cancelled."""
-        with self._lock:
-            req = self._requests.pop(rid, None)
-            if req is None:
-                return
-            if req.worker is None:
-                self._pending.remove(req)
-                return
-            req.worker.in_flight.discard(rid)
-            with contextlib.suppress(Exception):  # already finished, or its actor is gone
-                self._ray.cancel(req.ref)
+    def _stage_weights(self, version: int) -> Any:
+        """One copy of ``version`` out of the driver's ring into the object store, shared
+        by all actors (None when nothing was published)."""
+        if self._ring is None or self._ring.latest_version() is None:
+            return None
+        state, _ = self._ring.receive(version)
+        return self._ray.put(state)
 
-    def set_version(self, version: int) -> None:
-        """Make every actor hold weights ``version`` (in the driver's ring, or the start
-        weights when nothing was published); blocks until all have it. Actors that
-        restart meanwhile start with it."""
-        state_ref = None
-        if self._ring is not None and self._ring.latest_version() is not None:
-            state, _ = self._ring.receive(version)
-            state_ref = self._ray.put(state)  # one copy out of the ring, shared by all actors
-            del state
+    def _shut_down(self, workers: list[_Actor], timeout_s: float) -> None:
+        """Join the supervisor, ask actors to close, kill them after ``timeout_s``, and
+        remove the placement group."""
         with self._lock:
-            self._raise_if_failed()
-            self.target_version = version
-            self._state_ref = state_ref
-            for w in self._workers:
-                self._sync_version(w)
-            self._wait_until(lambda: all(w.ready and w.version == version for w in self._workers))
-            self._dispatch()
-
-    def close(self, timeout_s: float = 10.0) -> None:
-        """Stop the supervisor, ask actors to close, kill them after ``timeout_s``,
-        remove the placement group; fail requests still pending. Idempotent."""
-        with self._lock:
-            if self._closing:
-                return
-            self._closing = True
-            workers = list(self._workers)
-            orphans = list(self._requests.values())
-            self._requests.clear()
-            self._pending.clear()
             self._calls.clear()
         if self._thread.is_alive():
             self._thread.join(timeout=5)
         if self._ray.is_initialized():  # Ray may have shut down first (interpreter exit)
             self._stop_actors(workers, timeout_s)
-        for req in orphans:
-            req.done(None, WorkerError(f"rollout request for task {req.label!r}: pool closed"))
 
     def _stop_actors(self, workers: list[_Actor], timeout_s: float) -> None:
         with contextlib.suppress(Exception):
@@ -228,7 +190,7 @@ class RayWorkerPool(SupervisedPool):
 
         strategy = PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=index)
         handle = self._actor_cls.options(scheduling_strategy=strategy).remote(
-            self.cfg, self.model_path, self.target_version, self._state_ref
+            self.cfg, self.model_path, self.target_version, self.staged_weights
         )
         now = time.monotonic()
         w = _Actor(index, generation, handle, now, now)
@@ -239,7 +201,11 @@ class RayWorkerPool(SupervisedPool):
         target = self.target_version
         if w.ready and not w.dead and w.version != target and w.loading != target:
             w.loading = target
-            self._calls[w.handle.load_state.remote(self._state_ref, target)] = ("weights", w, 0)
+            self._calls[w.handle.load_state.remote(self.staged_weights, target)] = ("weights", w, 0)
+
+    def _cancel_sent(self, w: _Actor, req: Request) -> None:
+        with contextlib.suppress(Exception):  # already finished, or its actor is gone
+            self._ray.cancel(req.ref)
 
     def _send(self, w: _Actor, req: Request) -> None:
         req.ref = w.handle.groups.remote(req.rid, *req.body)

@@ -6,9 +6,11 @@ worker that is ready and holds the pool's weight version; a worker that died
 has its in-flight requests requeued (front of the queue, ``retries + 1``) or
 failed once past ``max_retries``, and its slot gets a new worker; a worker
 that fails to start too often (or with a build error at its first start)
-fails the whole pool. How requests reach a worker, how deaths are noticed and
-how workers are started is each subclass's own business (`_send`, `_watch`,
-`_spawn`).
+fails the whole pool. The public life cycle (`start`, `submit`, `cancel`,
+`set_version`, `close`) is here too. How requests reach a worker, how deaths
+are noticed, how workers start, take weights, drop a request and stop is each
+subclass's own business (`_send`, `_watch`, `_spawn`, `_stage_weights`,
+`_sync_version`, `_cancel_sent`, `_shut_down`).
 
 Methods named ``_...`` expect the caller to hold ``self._lock``.
 """
@@ -63,6 +65,8 @@ class SupervisedPool:
 
     #: Names the supervisor in the error raised when its own loop crashes.
     supervisor_name = "rollout worker supervisor"
+    #: Name of the supervisor thread.
+    thread_name = "temper-pool"
 
     def __init__(
         self,
@@ -90,6 +94,9 @@ class SupervisedPool:
         self._rr = 0
         self._error: WorkerError | None = None
         self._closing = False
+        #: What `_stage_weights` made of ``target_version`` (Ray: an object ref), for `_spawn`.
+        self.staged_weights: Any = None
+        self._thread = threading.Thread(target=self._supervise, daemon=True, name=self.thread_name)
 
     # ------------------------------------------------------------ subclass hooks
 
@@ -105,7 +112,73 @@ class SupervisedPool:
         """The supervisor loop: collect results, notice deaths and hangs, until closing."""
         raise NotImplementedError
 
+    def _sync_version(self, w: Any) -> None:
+        """Have worker ``w`` load ``target_version`` if it is ready and behind (lock held)."""
+        raise NotImplementedError
+
+    def _cancel_sent(self, w: Any, req: Request) -> None:
+        """Tell worker ``w`` to drop ``req``, which it was sent (lock held)."""
+        raise NotImplementedError
+
+    def _stage_weights(self, version: int) -> Any:
+        """Prepare weights ``version`` for the workers before `set_version` takes the lock."""
+        return None
+
+    def _shut_down(self, workers: list[Any], timeout_s: float) -> None:
+        """Stop the supervisor thread and ``workers`` (lock not held; `close` is under way)."""
+        raise NotImplementedError
+
     # ------------------------------------------------------------ public
+
+    def start(self) -> dict[str, Any]:
+        """Start the workers and wait until all are ready; returns the first one's info."""
+        with self._lock:
+            self._workers = [self._spawn(i, 0) for i in range(self.n)]
+        self._thread.start()
+        with self._lock:
+            self._wait_until(lambda: all(w.ready for w in self._workers))
+            return dict(self._workers[0].info)
+
+    def cancel(self, rid: int) -> None:
+        """Forget request ``rid`` (no-op once it finished); its worker drops it."""
+        with self._lock:
+            req = self._requests.pop(rid, None)
+            if req is None:
+                return
+            if req.worker is None:
+                self._pending.remove(req)
+            else:
+                req.worker.in_flight.discard(rid)
+                self._cancel_sent(req.worker, req)
+
+    def set_version(self, version: int) -> None:
+        """Make every worker hold weights ``version`` (already published, or the start
+        weights when nothing was); blocks until all have it. Workers that restart
+        meanwhile load it when they come up."""
+        staged = self._stage_weights(version)
+        with self._lock:
+            self._raise_if_failed()
+            self.target_version = version
+            self.staged_weights = staged
+            for w in self._workers:
+                self._sync_version(w)
+            self._wait_until(lambda: all(w.ready and w.version == version for w in self._workers))
+            self._dispatch()
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        """Stop the supervisor and the workers (killed after ``timeout_s``); fail
+        requests still pending. Idempotent."""
+        with self._lock:
+            if self._closing:
+                return
+            self._closing = True
+            workers = list(self._workers)
+            orphans = list(self._requests.values())
+            self._requests.clear()
+            self._pending.clear()
+        self._shut_down(workers, timeout_s)
+        for req in orphans:
+            req.done(None, WorkerError(f"rollout request for task {req.label!r}: pool closed"))
 
     def pids(self) -> list[int]:
         """The current workers' process ids."""
