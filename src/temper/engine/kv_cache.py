@@ -13,20 +13,61 @@ engine requests, at admission, the longest prompt + max_new_tokens in flight,
 so decoding never regrows it). Growing copies the cache once; only `release`
 shrinks it.
 
+Keys and values live in one tensor, so a decode step writes both with one
+scatter per layer. On Linux the tensor is placed in transparent huge pages
+(`zeros_in_huge_pages`): a decode step reads the keys and values of every row,
+and with 4 KiB pages that walk misses the TLB on most pages.
+
 Entries beyond a row's length hold stale values: the attention mask built by
 the caller must hide them. This class does no masking and no attention.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
+import math
+import sys
+
 import torch
 
 #: Positions are allocated in multiples of this.
 POSITION_QUANTUM = 32
 
+_HUGE_PAGE = 2 << 20
+_MADV_HUGEPAGE = 14
+
+
+def zeros_in_huge_pages(
+    shape: tuple[int, ...], dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """``torch.zeros(shape)``, backed by 2 MiB-aligned memory advised as huge pages.
+
+    Only on Linux CPU tensors of at least one huge page; elsewhere, or when
+    ``madvise`` fails, this is plain ``torch.zeros`` (the kernel may still
+    decline huge pages; the tensor is correct either way).
+    """
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if device.type != "cpu" or not sys.platform.startswith("linux") or nbytes < _HUGE_PAGE:
+        return torch.zeros(shape, dtype=dtype, device=device)
+    raw = torch.empty(nbytes + _HUGE_PAGE, dtype=torch.uint8)
+    offset = -raw.data_ptr() % _HUGE_PAGE
+    length = nbytes // _HUGE_PAGE * _HUGE_PAGE
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.madvise(
+            ctypes.c_void_p(raw.data_ptr() + offset), ctypes.c_size_t(length), _MADV_HUGEPAGE
+        )
+    # Advised before the first write, so zeroing faults the pages in as huge pages.
+    return raw[offset : offset + nbytes].view(dtype).view(shape).zero_()
+
 
 class SlotKVCache:
-    """Keys and values of shape ``[layers, rows, kv_heads, positions, head_dim]``."""
+    """Keys and values of shape ``[layers, rows, kv_heads, positions, head_dim]``.
+
+    ``k`` and ``v`` are views of one tensor ``kv`` of shape
+    ``[layers, 2, rows, kv_heads, positions, head_dim]``.
+    """
 
     def __init__(
         self,
@@ -49,12 +90,16 @@ class SlotKVCache:
         self.dtype = dtype
         self.device = torch.device(device)
         self._initial = (min(initial_slots, max_slots), min(initial_positions, max_context))
-        self.k = self._empty(*self._initial)
-        self.v = self._empty(*self._initial)
+        self._set(self._empty(*self._initial))
+        self._decode_base: tuple[tuple[int, int, int], torch.Tensor] | None = None
 
     def _empty(self, rows: int, positions: int) -> torch.Tensor:
-        shape = (self.num_layers, rows, self.num_kv_heads, positions, self.head_dim)
-        return torch.zeros(shape, dtype=self.dtype, device=self.device)
+        shape = (self.num_layers, 2, rows, self.num_kv_heads, positions, self.head_dim)
+        return zeros_in_huge_pages(shape, self.dtype, self.device)
+
+    def _set(self, kv: torch.Tensor) -> None:
+        self.kv = kv
+        self.k, self.v = kv[:, 0], kv[:, 1]
 
     @property
     def row_capacity(self) -> int:
@@ -66,7 +111,7 @@ class SlotKVCache:
 
     def nbytes(self) -> int:
         """Bytes held by the key and value tensors."""
-        return 2 * self.k.numel() * self.k.element_size()
+        return self.kv.numel() * self.kv.element_size()
 
     def ensure(self, rows: int, positions: int) -> None:
         """Grow so that ``rows`` rows of ``positions`` positions fit (see the module doc).
@@ -87,21 +132,17 @@ class SlotKVCache:
         if new_pos < positions:
             quanta = -(-positions // POSITION_QUANTUM)
             new_pos = min(quanta * POSITION_QUANTUM, self.max_context)
-        for name in ("k", "v"):
-            old = getattr(self, name)
-            new = self._empty(new_rows, new_pos)
-            new[:, :cur_rows, :, :cur_pos] = old
-            setattr(self, name, new)
+        new = self._empty(new_rows, new_pos)
+        new[:, :, :cur_rows, :, :cur_pos] = self.kv
+        self._set(new)
 
     def reset(self) -> None:
         """Forget all rows. Keeps the allocation (stale entries are masked anyway)."""
-        self.k.zero_()
-        self.v.zero_()
+        self.kv.zero_()
 
     def release(self) -> None:
         """Free the memory: back to the initial (small) allocation."""
-        self.k = self._empty(*self._initial)
-        self.v = self._empty(*self._initial)
+        self._set(self._empty(*self._initial))
 
     def move_rows(self, src: torch.Tensor, dst: torch.Tensor, length: int) -> None:
         """Copy the first ``length`` positions of rows ``src`` into rows ``dst``.
@@ -111,8 +152,7 @@ class SlotKVCache:
         """
         if src.numel() == 0:
             return
-        for t in (self.k, self.v):
-            t[:, dst, :, :length] = t[:, src, :, :length]
+        self.kv[:, :, dst, :, :length] = self.kv[:, :, src, :, :length]
 
     def write_prefill(
         self,
@@ -140,18 +180,24 @@ class SlotKVCache:
 
         Valid until the cache next grows; compute it once per decode step.
         """
-        rows = torch.arange(positions.shape[0], device=positions.device)
-        heads = torch.arange(self.num_kv_heads, device=positions.device)
-        base = (rows.unsqueeze(1) * self.num_kv_heads + heads) * self.position_capacity
-        return (base + positions.unsqueeze(1)).view(-1)
+        b, hk = positions.shape[0], self.num_kv_heads
+        key = (b, self.row_capacity, self.position_capacity)
+        if self._decode_base is None or self._decode_base[0] != key:
+            # Entry j of row r: key head j (j < hk) or value head j - hk, at position 0.
+            rows = torch.arange(b, device=positions.device).unsqueeze(1)
+            j = torch.arange(2 * hk, device=positions.device)
+            is_v, head = j // hk, j % hk
+            planes = (is_v * self.row_capacity + rows) * hk + head
+            self._decode_base = key, (planes * self.position_capacity).view(-1)
+        return self._decode_base[1] + positions.repeat_interleave(2 * hk)
 
-    def write_decode(
-        self, layer: int, k: torch.Tensor, v: torch.Tensor, index: torch.Tensor
-    ) -> None:
-        """Write one new key/value ``[B, kv_heads, head_dim]`` per row at `decode_index` ``index``."""
+    def write_decode(self, layer: int, kv: torch.Tensor, index: torch.Tensor) -> None:
+        """Write one new key and value per row at `decode_index` ``index``.
+
+        ``kv`` is ``[B, 2 * kv_heads, head_dim]``: the key heads, then the value heads.
+        """
         d = self.head_dim
-        self.k[layer].view(-1, d).index_copy_(0, index, k.reshape(-1, d))
-        self.v[layer].view(-1, d).index_copy_(0, index, v.reshape(-1, d))
+        self.kv[layer].view(-1, d).index_copy_(0, index, kv.reshape(-1, d))
 
     def view(self, layer: int, rows: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values of rows ``0..rows-1``, positions ``0..length-1`` (views, no copy)."""

@@ -23,12 +23,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from temper.engine.kv_cache import SlotKVCache
+from temper.engine.kv_cache import SlotKVCache, zeros_in_huge_pages
 from temper.errors import TemperError
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 _STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 _CAPPED_ROPE = ("dynamic", "longrope")
+#: Weights start at multiples of this many elements in the arena (64 bytes in float32).
+_ALIGN = 16
 
 
 class UnsupportedModelError(TemperError):
@@ -140,13 +142,26 @@ class LlamaFamilyModel:
         sd = {k: v.detach() for k, v in model.state_dict().items()}
         # HF name -> the engine tensors (views) holding it; tied weights have two.
         self._views: dict[str, list[torch.Tensor]] = {}
+        # All weights in one huge-page-backed buffer (see `zeros_in_huge_pages`); the
+        # embedding is counted twice because a tied LM head gets its own transposed copy.
+        numel = sum(t.numel() for t in sd.values()) + sd["model.embed_tokens.weight"].numel()
+        self._arena = zeros_in_huge_pages(
+            (numel + _ALIGN * (len(sd) + 1),), self.dtype, self.device
+        )
+        self._arena_used = 0
         with torch.no_grad():
             self._build(sd, model)
             self._build_rope(model)
 
     # ------------------------------------------------------------------ weights
     def _own(self, t: torch.Tensor) -> torch.Tensor:
-        return t.to(device=self.device, dtype=self.dtype).clone()
+        """A copy of ``t`` in the weight arena (cast to the engine's dtype)."""
+        start = -(-self._arena_used // _ALIGN) * _ALIGN
+        end = start + t.numel()
+        if end > self._arena.numel():  # not expected; stay correct regardless
+            return t.to(device=self.device, dtype=self.dtype).clone()
+        self._arena_used = end
+        return self._arena[start:end].view(t.shape).copy_(t)
 
     def _register(self, name: str, view: torch.Tensor) -> None:
         self._views.setdefault(name, []).append(view)
@@ -284,20 +299,26 @@ class LlamaFamilyModel:
 
     def _qkv(
         self, layer: dict[str, Any], x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Project ``x [N, S, hidden]``; return rotated q, k and v as ``[N, S, heads, D]``."""
+    ) -> torch.Tensor:
+        """Project ``x [N, S, hidden]`` to ``[N, S, heads + 2 * kv_heads, D]``: the query
+        heads, the key heads and the value heads, with RoPE applied to q and k in place."""
         h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = _linear(self._rms(x, layer["ln1"]), layer["qkv"], layer["qkv_b"])
         qkv = qkv.view(*x.shape[:-1], h + 2 * hk, d)
-        v = qkv[..., h + hk :, :]
+        qk = qkv[..., : h + hk, :]
         if self.qk_norm:
-            q = self._rms(qkv[..., :h, :], layer["q_norm"])
-            k = self._rms(qkv[..., h : h + hk, :], layer["k_norm"])
-            qk = torch.cat((q, k), dim=-2)
+            src = torch.cat(
+                (
+                    self._rms(qk[..., :h, :], layer["q_norm"]),
+                    self._rms(qk[..., h:, :], layer["k_norm"]),
+                ),
+                dim=-2,
+            )
         else:
-            qk = qkv[..., : h + hk, :]
-        qk = torch.addcmul(qk * cos, torch.roll(qk, d // 2, dims=-1), sin)
-        return qk[..., :h, :], qk[..., h:, :], v
+            src = qk
+        # The right-hand side is computed before `out` is written, so in place is safe.
+        torch.addcmul(src * cos, torch.roll(src, d // 2, dims=-1), sin, out=qk)
+        return qkv
 
     def _mlp_out(self, layer: dict[str, Any], x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         x = _linear(attn, layer["o"], layer["o_b"], residual=x)
@@ -331,8 +352,8 @@ class LlamaFamilyModel:
         cos = self.cos[:length].view(1, length, 1, d)
         sin = self.sin[:length].view(1, length, 1, d)
         for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, cos, sin)
-            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+            qkv = self._qkv(layer, x, cos, sin).transpose(1, 2)  # [P, heads, L, D]
+            q, k, v = qkv[:, :h], qkv[:, h : h + hk], qkv[:, h + hk :]
             cache.write_prefill(i, k, v, dst_rows, src_rows)
             attn = F.scaled_dot_product_attention(
                 q, k, v, is_causal=True, scale=self.scale, enable_gqa=h != hk
@@ -370,8 +391,9 @@ class LlamaFamilyModel:
         first_rows = torch.stack([r[0] for r in rows])
         x = F.embedding(token_ids, self.embed)
         for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, cos, sin)
-            k, v = k.transpose(1, 2), v.transpose(1, 2)  # [P, Hk, S, D]
+            qkv = self._qkv(layer, x, cos, sin)
+            q = qkv[:, :, :h]
+            k, v = qkv[:, :, h : h + hk].transpose(1, 2), qkv[:, :, h + hk :].transpose(1, 2)
             for p in range(n):
                 s0, s1 = int(starts[p]), int(starts[p] + lengths[p])
                 cache.k[i, rows[p], :, s0:s1] = k[p, :, : s1 - s0]
@@ -416,11 +438,11 @@ class LlamaFamilyModel:
             chunks = [(0, b, length)]
         group = h // hk
         for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, cos, sin)  # q [B, H, D], k/v [B, Hk, D]
-            cache.write_decode(i, k, v, index)
+            qkv = self._qkv(layer, x, cos, sin)  # [B, H + 2 * Hk, D]
+            cache.write_decode(i, qkv[:, h:], index)
             # The `group` query heads that share a kv head become a length-`group`
             # query sequence; all positions see the same keys, so no causal mask.
-            q = q.reshape(b * hk, group, d)
+            q = qkv[:, :h].reshape(b * hk, group, d)
             outs = [self._decode_attention(q, mask, cache, i, r0, r1, t) for r0, r1, t in chunks]
             attn = outs[0] if len(outs) == 1 else torch.cat(outs)
             x = self._mlp_out(layer, x, attn.reshape(b, h * d))
