@@ -351,16 +351,49 @@ class LlamaFamilyModel:
         x = F.embedding(token_ids, self.embed)
         cos = self.cos[:length].view(1, length, 1, d)
         sin = self.sin[:length].view(1, length, 1, d)
+        rows = torch.arange(n, device=x.device)
         for i, layer in enumerate(self.layers):
             qkv = self._qkv(layer, x, cos, sin).transpose(1, 2)  # [P, heads, L, D]
             q, k, v = qkv[:, :h], qkv[:, h : h + hk], qkv[:, h + hk :]
             cache.write_prefill(i, k, v, dst_rows, src_rows)
+            if i == self.num_layers - 1:
+                # Only the last positions' logits are wanted, and the last layer's
+                # keys/values are already cached: its attention and MLP run there only.
+                visible = torch.arange(length, device=x.device) < lengths.unsqueeze(1)
+                return self._last_layer(
+                    layer, x[rows, lengths - 1], q[rows, :, lengths - 1], k, v, visible
+                )
             attn = F.scaled_dot_product_attention(
                 q, k, v, is_causal=True, scale=self.scale, enable_gqa=h != hk
             )
             x = self._mlp_out(layer, x, attn.transpose(1, 2).reshape(n, length, h * d))
-        last = x[torch.arange(n, device=x.device), lengths - 1]
-        return self._logits(last)
+        raise AssertionError("unreachable: the model has no layers")
+
+    def _last_layer(
+        self,
+        layer: dict[str, Any],
+        x: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        visible: torch.Tensor,
+    ) -> torch.Tensor:
+        """Finish the last layer for one query per prompt and return its float32 logits.
+
+        ``x [P, hidden]`` is the layer input and ``q [P, H, D]`` the rotated query at
+        that position; ``k``/``v`` are ``[P, Hk, T, D]`` and ``visible [P, T]`` marks
+        the keys each query sees.
+        """
+        n, h, d = q.shape
+        attn = F.scaled_dot_product_attention(
+            q.unsqueeze(2),
+            k,
+            v,
+            attn_mask=visible.view(n, 1, 1, -1),
+            scale=self.scale,
+            enable_gqa=h != self.num_kv_heads,
+        )
+        return self._logits(self._mlp_out(layer, x, attn.reshape(n, h * d)))
 
     def extend(
         self,
@@ -389,6 +422,7 @@ class LlamaFamilyModel:
         visible = torch.arange(total, device=token_ids.device) <= positions.unsqueeze(2)
         mask = visible.unsqueeze(1)  # [P, 1, S, T]: key t is visible to query j
         first_rows = torch.stack([r[0] for r in rows])
+        last = torch.arange(n, device=token_ids.device), lengths - 1
         x = F.embedding(token_ids, self.embed)
         for i, layer in enumerate(self.layers):
             qkv = self._qkv(layer, x, cos, sin)
@@ -399,12 +433,13 @@ class LlamaFamilyModel:
                 cache.k[i, rows[p], :, s0:s1] = k[p, :, : s1 - s0]
                 cache.v[i, rows[p], :, s0:s1] = v[p, :, : s1 - s0]
             kk, vv = cache.view_rows(i, first_rows, total)
+            if i == self.num_layers - 1:  # see `prefill`
+                return self._last_layer(layer, x[last], q[last], kk, vv, visible[last])
             attn = F.scaled_dot_product_attention(
                 q.transpose(1, 2), kk, vv, attn_mask=mask, scale=self.scale, enable_gqa=h != hk
             )
             x = self._mlp_out(layer, x, attn.transpose(1, 2).reshape(n, width, h * d))
-        last = x[torch.arange(n, device=x.device), lengths - 1]
-        return self._logits(last)
+        raise AssertionError("unreachable: the model has no layers")
 
     def decode(
         self,
