@@ -143,6 +143,7 @@ class LlamaFamilyModel:
         sd = {k: v.detach() for k, v in model.state_dict().items()}
         # HF name -> the engine tensors (views) holding it; tied weights have two.
         self._views: dict[str, list[torch.Tensor]] = {}
+        self._shapes: dict[str, tuple[int, ...]] = {}
         # All weights in one huge-page-backed buffer (see `zeros_in_huge_pages`); the
         # embedding is counted twice because a tied LM head gets its own transposed copy.
         numel = sum(t.numel() for t in sd.values()) + sd["model.embed_tokens.weight"].numel()
@@ -164,16 +165,56 @@ class LlamaFamilyModel:
         self._arena_used = end
         return self._arena[start:end].view(t.shape).copy_(t)
 
-    def _register(self, name: str, view: torch.Tensor) -> None:
+    def _register(self, name: str, view: torch.Tensor, hf_shape: torch.Size) -> None:
+        """Record that HF tensor ``name`` (of ``hf_shape``) lives in ``view``.
+
+        ``view`` has the HF tensor's shape, or, for the rotary-pair layout (see
+        `_pairs_from_hf`), a shape the HF tensor reshapes to.
+        """
         self._views.setdefault(name, []).append(view)
+        self._shapes[name] = tuple(hf_shape)
+
+    def _pairs_from_hf(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """HF q/k projection rows (or q/k norm weights) in the engine's rotary-pair order.
+
+        HF rotates dimension i of a head with dimension i + D/2; the engine stores
+        them side by side (2i, 2i + 1), so RoPE is one complex multiplication.
+        Other tensors pass through unchanged.
+        """
+        heads = self._pair_heads(name)
+        if heads is None:
+            return t
+        half = self.head_dim // 2
+        rest = t.shape[1:] if heads else ()
+        lead = (heads,) if heads else ()
+        return t.reshape(*lead, 2, half, *rest).transpose(len(lead), len(lead) + 1).reshape(t.shape)
+
+    def _pair_view(self, name: str, view: torch.Tensor) -> torch.Tensor:
+        """The engine-order ``view`` of ``name`` reshaped so HF's tensor, reshaped alike, lines up."""
+        heads = self._pair_heads(name)
+        if heads is None:
+            return view
+        half = self.head_dim // 2
+        lead = (heads,) if heads else ()
+        paired = view.view(*lead, half, 2, *view.shape[1:])
+        return paired.transpose(len(lead), len(lead) + 1)
+
+    def _pair_heads(self, name: str) -> int | None:
+        """Heads of a tensor stored in rotary-pair order (0 for a per-head-dim norm), else None."""
+        for suffix, heads in (("q_proj", self.num_heads), ("k_proj", self.num_kv_heads)):
+            if f"self_attn.{suffix}." in name:
+                return heads
+        if name.endswith(("self_attn.q_norm.weight", "self_attn.k_norm.weight")):
+            return 0
+        return None
 
     def _fused(self, sd: Mapping[str, torch.Tensor], names: list[str]) -> torch.Tensor:
         """Concatenate biases ``names`` along dim 0 and register each part as a view."""
-        fused = self._own(torch.cat([sd[n] for n in names], dim=0))
+        fused = self._own(torch.cat([self._pairs_from_hf(n, sd[n]) for n in names], dim=0))
         start = 0
         for n in names:
             rows = sd[n].shape[0]
-            self._register(n, fused[start : start + rows])
+            self._register(n, self._pair_view(n, fused[start : start + rows]), sd[n].shape)
             start += rows
         return fused
 
@@ -182,17 +223,18 @@ class LlamaFamilyModel:
 
         Transposed weights let a linear layer run as a plain ``x @ w`` GEMM.
         """
-        fused = self._own(torch.cat([sd[n] for n in names], dim=0).t().contiguous())
+        parts = [self._pairs_from_hf(n, sd[n]) for n in names]
+        fused = self._own(torch.cat(parts, dim=0).t().contiguous())
         start = 0
         for n in names:
             rows = sd[n].shape[0]
-            self._register(n, fused[:, start : start + rows].t())
+            self._register(n, self._pair_view(n, fused[:, start : start + rows].t()), sd[n].shape)
             start += rows
         return fused
 
     def _single(self, sd: Mapping[str, torch.Tensor], name: str) -> torch.Tensor:
-        t = self._own(sd[name])
-        self._register(name, t)
+        t = self._own(self._pairs_from_hf(name, sd[name]))
+        self._register(name, self._pair_view(name, t), sd[name].shape)
         return t
 
     def _build(self, sd: Mapping[str, torch.Tensor], model: torch.nn.Module) -> None:
@@ -204,6 +246,7 @@ class LlamaFamilyModel:
         if tied or getattr(self.config, "tie_word_embeddings", False):
             self.lm_head = self._fused_t(sd, ["model.embed_tokens.weight"])
             self._views["lm_head.weight"] = self._views["model.embed_tokens.weight"]
+            self._shapes["lm_head.weight"] = self._shapes["model.embed_tokens.weight"]
         else:
             self.lm_head = self._fused_t(sd, ["lm_head.weight"])
         self.final_norm = self._single(sd, "model.norm.weight")
@@ -249,10 +292,10 @@ class LlamaFamilyModel:
         cos = emb.cos() * scaling
         sin = emb.sin() * scaling
         half = self.head_dim // 2
-        # x * cos + roll(x, half) * sin_signed == x * cos + rotate_half(x) * sin
-        sin_signed = torch.cat((-sin[:, :half], sin[:, half:]), dim=-1)
-        self.cos = cos.to(self.dtype)
-        self.sin = sin_signed.to(self.dtype)
+        # With dimensions i and i + D/2 stored as the pair (re, im), HF's
+        # x * cos + rotate_half(x) * sin is x * (cos + i sin).
+        table = torch.complex(cos[:, :half], sin[:, :half])
+        self.rope = table.to(torch.complex128) if self.dtype == torch.float64 else table
 
     def parameter_names(self) -> list[str]:
         return list(self._views)
@@ -267,16 +310,16 @@ class LlamaFamilyModel:
         if unknown:
             raise KeyError(f"update_weights: unknown parameter name(s) {unknown[:5]}")
         for name, t in state_dict.items():
-            if name in self._views and tuple(t.shape) != tuple(self._views[name][0].shape):
+            if name in self._views and tuple(t.shape) != self._shapes[name]:
                 raise ValueError(
                     f"update_weights: {name} has shape {tuple(t.shape)}, "
-                    f"expected {tuple(self._views[name][0].shape)}"
+                    f"expected {self._shapes[name]}"
                 )
         with torch.no_grad():
             count = 0
             for name, t in state_dict.items():
                 for view in self._views.get(name, ()):
-                    view.copy_(t)
+                    view.copy_(t.reshape(view.shape))
                     count += 1
         return count
 
@@ -305,27 +348,25 @@ class LlamaFamilyModel:
         y = xf * inv
         return y.mul_(w) if x.dtype == torch.float32 else w * y.to(x.dtype)
 
-    def _qkv(
-        self, layer: dict[str, Any], x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-    ) -> torch.Tensor:
+    def _qkv(self, layer: dict[str, Any], x: torch.Tensor, rope: torch.Tensor) -> torch.Tensor:
         """Project ``x [N, S, hidden]`` to ``[N, S, heads + 2 * kv_heads, D]``: the query
-        heads, the key heads and the value heads, with RoPE applied to q and k in place."""
+        heads, the key heads and the value heads, with RoPE applied to q and k in place.
+
+        ``rope`` holds ``cos + i sin`` per position, broadcastable to ``[N, S, 1, D/2]``.
+        """
         h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
         qkv = _linear(self._rms(x, layer["ln1"]), layer["qkv"], layer["qkv_b"])
         qkv = qkv.view(*x.shape[:-1], h + 2 * hk, d)
         qk = qkv[..., : h + hk, :]
         if self.qk_norm:
-            src = torch.cat(
-                (
-                    self._rms(qk[..., :h, :], layer["q_norm"]),
-                    self._rms(qk[..., h:, :], layer["k_norm"]),
-                ),
-                dim=-2,
-            )
-        else:
-            src = qk
-        # The right-hand side is computed before `out` is written, so in place is safe.
-        torch.addcmul(src * cos, torch.roll(src, d // 2, dims=-1), sin, out=qk)
+            qk[..., :h, :] = self._rms(qk[..., :h, :], layer["q_norm"])
+            qk[..., h:, :] = self._rms(qk[..., h:, :], layer["k_norm"])
+        pairs = qk.unflatten(-1, (d // 2, 2))
+        if qk.dtype in (torch.float32, torch.float64):
+            torch.view_as_complex(pairs).mul_(rope)
+        else:  # no complex half types on CPU: rotate in float32, round once
+            rotated = torch.view_as_complex(pairs.float()) * rope
+            qk.copy_(torch.view_as_real(rotated).flatten(-2))
         return qkv
 
     def _mlp_out(self, layer: dict[str, Any], x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
@@ -357,11 +398,10 @@ class LlamaFamilyModel:
         n, length = token_ids.shape
         h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
         x = F.embedding(token_ids, self.embed)
-        cos = self.cos[:length].view(1, length, 1, d)
-        sin = self.sin[:length].view(1, length, 1, d)
+        rope = self.rope[:length].view(1, length, 1, d // 2)
         rows = torch.arange(n, device=x.device)
         for i, layer in enumerate(self.layers):
-            qkv = self._qkv(layer, x, cos, sin).transpose(1, 2)  # [P, heads, L, D]
+            qkv = self._qkv(layer, x, rope).transpose(1, 2)  # [P, heads, L, D]
             q, k, v = qkv[:, :h], qkv[:, h : h + hk], qkv[:, h + hk :]
             cache.write_prefill(i, k, v, dst_rows, src_rows)
             if i == self.num_layers - 1:
@@ -425,15 +465,14 @@ class LlamaFamilyModel:
         # Padded query positions are clamped; their outputs are never read.
         positions = (starts.unsqueeze(1) + steps).clamp_(max=self.max_context - 1)
         total = int((starts + lengths).max())
-        cos = self.cos[positions].unsqueeze(2)  # [P, S, 1, D]
-        sin = self.sin[positions].unsqueeze(2)
+        rope = self.rope[positions].unsqueeze(2)  # [P, S, 1, D/2]
         visible = torch.arange(total, device=token_ids.device) <= positions.unsqueeze(2)
         mask = visible.unsqueeze(1)  # [P, 1, S, T]: key t is visible to query j
         first_rows = torch.stack([r[0] for r in rows])
         last = torch.arange(n, device=token_ids.device), lengths - 1
         x = F.embedding(token_ids, self.embed)
         for i, layer in enumerate(self.layers):
-            qkv = self._qkv(layer, x, cos, sin)
+            qkv = self._qkv(layer, x, rope)
             q = qkv[:, :, :h]
             k, v = qkv[:, :, h : h + hk].transpose(1, 2), qkv[:, :, h + hk :].transpose(1, 2)
             for p in range(n):
@@ -469,8 +508,7 @@ class LlamaFamilyModel:
         h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
         index = cache.decode_index(positions)
         x = F.embedding(token_ids, self.embed)  # [B, hidden]
-        cos = self.cos[positions].unsqueeze(1)  # [B, 1, D]
-        sin = self.sin[positions].unsqueeze(1)
+        rope = self.rope[positions].unsqueeze(1)  # [B, 1, D/2]
         pad = torch.arange(length, device=token_ids.device) > positions.unsqueeze(1)
         # Additive mask, built once per step and shared by all layers: one row per
         # (row, kv head), i.e. [B * Hk, 1, length].
@@ -481,7 +519,7 @@ class LlamaFamilyModel:
             chunks = [(0, b, length)]
         group = h // hk
         for i, layer in enumerate(self.layers):
-            qkv = self._qkv(layer, x, cos, sin)  # [B, H + 2 * Hk, D]
+            qkv = self._qkv(layer, x, rope)  # [B, H + 2 * Hk, D]
             cache.write_decode(i, qkv[:, h:], index)
             # The `group` query heads that share a kv head become a length-`group`
             # query sequence; all positions see the same keys, so no causal mask.
