@@ -57,6 +57,11 @@ class EngineConfig(_Section):
         description="Native engine: memory for finished sequences' keys/values, reused by later "
         "prompts that start with the same tokens (the next turn of an episode); 0 = off.",
     )
+    cpu_kernels: bool = Field(
+        True,
+        description="Native engine on CPU, float32: fuse decode attention into a C kernel "
+        "compiled on first use (needs a C compiler; falls back to PyTorch ops without one).",
+    )
     release_memory_during_train: bool = Field(
         True,
         description="Free the engine's KV cache while the trainer steps (engine and trainer "

@@ -34,7 +34,8 @@ def build_engine(
     """Build the engine named ``kind`` around an in-memory HF model.
 
     ``opts`` go to the engine's constructor: for ``"native"`` ``max_slots``,
-    ``max_context``, ``dtype``, ``max_prefill_tokens``, ``prefix_cache_mb``, ``seed``; for ``"hf"``
+    ``max_context``, ``dtype``, ``max_prefill_tokens``, ``prefix_cache_mb``, ``seed``,
+    ``cpu_kernels``; for ``"hf"``
     ``max_context``; for ``"openai"`` ``base_url`` (required), ``model_name``,
     ``api_key``, ``timeout_s`` (``model`` is then None: nothing runs locally).
     An unknown ``kind`` raises `ConfigError`; a model the native engine cannot

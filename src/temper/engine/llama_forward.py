@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from temper.engine.cpu_kernels import decode_attention
 from temper.engine.kv_cache import SlotKVCache, zeros_in_huge_pages
 from temper.errors import TemperError
 
@@ -122,6 +123,7 @@ class LlamaFamilyModel:
         model: torch.nn.Module,
         dtype: torch.dtype | None = None,
         max_context: int | None = None,
+        cpu_kernels: bool = True,
     ) -> None:
         check_supported(model)
         cfg = model.config
@@ -139,6 +141,9 @@ class LlamaFamilyModel:
         self._eps = torch.tensor(self.eps, dtype=torch.float32, device=self.device)
         self.max_context = supported_context(cfg, max_context)
         self.qk_norm = cfg.model_type == "qwen3"
+        # Fused decode attention (`temper.engine.cpu_kernels`): float32 on CPU only.
+        use_kernel = cpu_kernels and self.dtype == torch.float32 and self.device.type == "cpu"
+        self._attention_kernel = decode_attention() if use_kernel else None
 
         sd = {k: v.detach() for k, v in model.state_dict().items()}
         # HF name -> the engine tensors (views) holding it; tied weights have two.
@@ -506,9 +511,18 @@ class LlamaFamilyModel:
         """
         b = token_ids.shape[0]
         h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
-        index = cache.decode_index(positions)
         x = F.embedding(token_ids, self.embed)  # [B, hidden]
         rope = self.rope[positions].unsqueeze(1)  # [B, 1, D/2]
+        if self._attention_kernel is not None:
+            # Each row reads exactly its own positions, so `chunks` is not needed.
+            positions = positions.contiguous()
+            for i, layer in enumerate(self.layers):
+                qkv = self._qkv(layer, x, rope)  # [B, H + 2 * Hk, D]
+                attn = torch.empty(b, h * d, dtype=x.dtype, device=x.device)
+                self._attention_kernel(qkv, cache.kv[i], positions, attn, h, hk, d, self.scale)
+                x = self._mlp_out(layer, x, attn)
+            return self._logits(x)
+        index = cache.decode_index(positions)
         pad = torch.arange(length, device=token_ids.device) > positions.unsqueeze(1)
         # Additive mask, built once per step and shared by all layers: one row per
         # (row, kv head), i.e. [B * Hk, 1, length].

@@ -95,7 +95,9 @@ class NativeEngine:
     to the model's ``max_position_embeddings``. ``max_prefill_tokens`` bounds the
     padded size of one prefill forward (larger admissions are split).
     ``prefix_cache_mb`` bounds the prefix cache (0 turns it off). ``seed`` seeds
-    the shared generator used by unseeded requests.
+    the shared generator used by unseeded requests. ``cpu_kernels`` allows the
+    fused C decode-attention kernel (`temper.engine.cpu_kernels`) for float32 on
+    CPU; without it, or where it cannot be built, decode runs in PyTorch ops.
     """
 
     def __init__(
@@ -109,13 +111,20 @@ class NativeEngine:
         max_prefill_tokens: int = 4096,
         prefix_cache_mb: float = 256.0,
         seed: int | None = None,
+        cpu_kernels: bool = True,
     ) -> None:
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         if max_slots < 1:
             raise ValueError(f"max_slots must be >= 1, got {max_slots}")
         # Weight copies run on the compute thread, like every op on them (see `temper.compute`).
-        self._model = compute.run(LlamaFamilyModel, model, dtype=dtype, max_context=max_context)  # type: ignore[arg-type]
+        self._model = compute.run(
+            LlamaFamilyModel,  # type: ignore[arg-type]
+            model,
+            dtype=dtype,
+            max_context=max_context,
+            cpu_kernels=cpu_kernels,
+        )
         self.max_context: int = self._model.max_context
         self.max_slots = max_slots
         self.max_prefill_tokens = max_prefill_tokens

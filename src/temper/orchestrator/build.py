@@ -123,7 +123,11 @@ def build_engine(cfg: Config, model_path: str, tokenizer: Any) -> Any:
     model = load_model(model_path, dtype=torch_dtype(cfg.model.dtype))
     opts = {}
     if cfg.engine.type == "native":
-        opts = {"max_slots": cfg.engine.max_slots, "prefix_cache_mb": cfg.engine.prefix_cache_mb}
+        opts = {
+            "max_slots": cfg.engine.max_slots,
+            "prefix_cache_mb": cfg.engine.prefix_cache_mb,
+            "cpu_kernels": cfg.engine.cpu_kernels,
+        }
     return make(cfg.engine.type, model, tokenizer, **opts)
 
 
