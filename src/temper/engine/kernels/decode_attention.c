@@ -23,6 +23,9 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#endif
 
 #define STACK_SCORES 4096
 
@@ -46,6 +49,49 @@ static inline float exp_nonpositive(float x) {
   return p * scale.f;
 }
 
+/* s[t] = scale * dot(q, K[t]) for t < T; returns the largest s[t]. With AVX2,
+ * eight positions at a time: one accumulator per position, then one
+ * transpose-and-add, instead of a horizontal sum per position. */
+static float scores(const float *q, const float *K, int64_t T, int64_t D,
+                    float scale, float *s) {
+  float m = -INFINITY;
+  int64_t t = 0;
+#if defined(__AVX2__) && defined(__FMA__)
+  if (D % 8 == 0) {
+    __m256 vmax = _mm256_set1_ps(-INFINITY);
+    const __m256 vscale = _mm256_set1_ps(scale);
+    for (; t + 8 <= T; t += 8) {
+      __m256 a[8];
+      for (int i = 0; i < 8; ++i) a[i] = _mm256_setzero_ps();
+      for (int64_t d = 0; d < D; d += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + d);
+        for (int i = 0; i < 8; ++i)
+          a[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(K + (t + i) * D + d), a[i]);
+      }
+      const __m256 h0 = _mm256_hadd_ps(_mm256_hadd_ps(a[0], a[1]), _mm256_hadd_ps(a[2], a[3]));
+      const __m256 h1 = _mm256_hadd_ps(_mm256_hadd_ps(a[4], a[5]), _mm256_hadd_ps(a[6], a[7]));
+      const __m256 sum = _mm256_add_ps(_mm256_permute2f128_ps(h0, h1, 0x20),
+                                       _mm256_permute2f128_ps(h0, h1, 0x31));
+      const __m256 v = _mm256_mul_ps(sum, vscale);
+      _mm256_storeu_ps(s + t, v);
+      vmax = _mm256_max_ps(vmax, v);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, vmax);
+    for (int i = 0; i < 8; ++i) m = lanes[i] > m ? lanes[i] : m;
+  }
+#endif
+  for (; t < T; ++t) {
+    const float *k = K + t * D;
+    float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+    for (int64_t d = 0; d < D; ++d) acc += q[d] * k[d];
+    s[t] = acc * scale;
+    m = s[t] > m ? s[t] : m;
+  }
+  return m;
+}
+
 void temper_decode_attention(const float *qkv, int64_t qkv_stride, float *kv,
                              const int64_t *positions, int64_t B, int64_t H,
                              int64_t Hk, int64_t D, int64_t R, int64_t P,
@@ -66,15 +112,7 @@ void temper_decode_attention(const float *qkv, int64_t qkv_stride, float *kv,
     for (int64_t g = 0; g < G; ++g) {
       const int64_t head = j * G + g;
       const float *q = row + head * D;
-      float m = -INFINITY;
-      for (int64_t t = 0; t < T; ++t) {
-        const float *k = K + t * D;
-        float acc = 0.f;
-#pragma omp simd reduction(+ : acc)
-        for (int64_t d = 0; d < D; ++d) acc += q[d] * k[d];
-        s[t] = acc * scale;
-        m = s[t] > m ? s[t] : m;
-      }
+      const float m = scores(q, K, T, D, scale, s);
       float total = 0.f;
 #pragma omp simd reduction(+ : total)
       for (int64_t t = 0; t < T; ++t) {
