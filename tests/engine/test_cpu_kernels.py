@@ -1,17 +1,20 @@
-"""The fused C decode-attention kernel: agrees with the PyTorch path, falls back cleanly."""
+"""CPU speed paths of the native engine: the fused C decode-attention kernel (agrees
+with the PyTorch path, falls back cleanly), rotary-pair weights, huge-page buffers."""
 
 from __future__ import annotations
 
 import logging
+import re
 
 import pytest
 import torch
 
 from temper.engine import cpu_kernels
 from temper.engine.base import SamplingParams
+from temper.engine.kv_cache import zeros_in_huge_pages
 from temper.engine.native import NativeEngine
 
-from .conftest import make_model, run
+from .conftest import hf_logprobs, make_model, run
 
 
 def _reference(qkv, kv, positions, heads, kv_heads, scale):
@@ -115,3 +118,33 @@ def test_kernel_can_be_turned_off_and_builds_once(monkeypatch, tmp_path) -> None
     finally:
         monkeypatch.undo()
         cpu_kernels.reset_for_tests()
+
+
+@pytest.mark.parametrize("kind", ["qwen2", "qwen3"])
+def test_updates_reach_rotary_pair_weights(kind: str) -> None:
+    """q/k weights, biases (Qwen2) and q/k norms (Qwen3) are stored permuted; an
+    update by HF name must land in the right places, partial updates included."""
+    engine = NativeEngine(make_model(kind, seed=0))
+    other = make_model(kind, seed=1)
+    attn = [n for n in other.state_dict() if ".self_attn." in n]
+    rest = {n: t for n, t in other.state_dict().items() if n not in attn}
+    engine.update_weights({n: other.state_dict()[n] for n in attn}, version=1)  # part...
+    engine.update_weights(rest, version=2)  # ...then the rest
+    prompt = [5, 6, 7, 8, 9]
+    params = SamplingParams(temperature=0.0, max_new_tokens=12, ignore_eos=True)
+    out = run(engine.generate(prompt, params)).samples[0]
+    ref = hf_logprobs(other, prompt, out.token_ids)
+    torch.testing.assert_close(torch.tensor(out.logprobs), ref, atol=1e-4, rtol=0)
+    name = "model.layers.0.self_attn.q_proj.weight"
+    with pytest.raises(ValueError, match=rf"{re.escape(name)} has shape \(3, 3\)"):
+        engine.update_weights({name: torch.zeros(3, 3)}, version=3)
+    run(engine.close())
+
+
+def test_huge_page_tensors_are_zeroed_and_aligned() -> None:
+    big = zeros_in_huge_pages((3, 1 << 20), torch.float32, torch.device("cpu"))
+    assert big.shape == (3, 1 << 20) and big.dtype == torch.float32
+    assert big.is_contiguous() and not big.any()
+    assert big.data_ptr() % (2 << 20) == 0
+    small = zeros_in_huge_pages((4, 5), torch.float64, torch.device("cpu"))
+    assert small.shape == (4, 5) and small.dtype == torch.float64 and not small.any()
