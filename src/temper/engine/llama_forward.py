@@ -348,9 +348,10 @@ class LlamaFamilyModel:
         if self._attention_kernel is not None:
             # Each row reads exactly its own positions, so `chunks` is not needed.
             positions = positions.contiguous()
+            # One output buffer for all layers: each layer's is consumed before the next.
+            attn = torch.empty(b, h * d, dtype=x.dtype, device=x.device)
             for i, layer in enumerate(self.layers):
                 qkv = self._qkv(layer, x, rope)  # [B, H + 2 * Hk, D]
-                attn = torch.empty(b, h * d, dtype=x.dtype, device=x.device)
                 self._attention_kernel(qkv, cache.kv[i], positions, attn, h, hk, d, self.scale)
                 x = self._mlp_out(layer, x, attn)
             return self._logits(x)
