@@ -13,6 +13,7 @@ from temper.engine import cpu_kernels
 from temper.engine.base import SamplingParams
 from temper.engine.kv_cache import zeros_in_huge_pages
 from temper.engine.native import NativeEngine
+from fp32 import ENGINE_PARITY
 
 from .conftest import hf_logprobs, make_model, run
 
@@ -78,8 +79,7 @@ def test_engine_with_and_without_kernel_agree(kind: str) -> None:
         torch.testing.assert_close(
             torch.tensor(a.samples[0].logprobs),
             torch.tensor(b.samples[0].logprobs),
-            atol=1e-4,
-            rtol=0,
+            **ENGINE_PARITY,
         )
 
 
@@ -134,7 +134,7 @@ def test_updates_reach_rotary_pair_weights(kind: str) -> None:
     params = SamplingParams(temperature=0.0, max_new_tokens=12, ignore_eos=True)
     out = run(engine.generate(prompt, params)).samples[0]
     ref = hf_logprobs(other, prompt, out.token_ids)
-    torch.testing.assert_close(torch.tensor(out.logprobs), ref, atol=1e-4, rtol=0)
+    torch.testing.assert_close(torch.tensor(out.logprobs), ref, **ENGINE_PARITY)
     name = "model.layers.0.self_attn.q_proj.weight"
     with pytest.raises(ValueError, match=rf"{re.escape(name)} has shape \(3, 3\)"):
         engine.update_weights({name: torch.zeros(3, 3)}, version=3)

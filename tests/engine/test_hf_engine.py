@@ -12,6 +12,7 @@ from temper.engine.base import Engine, SamplingParams
 from temper.engine.hf import HFEngine
 from temper.engine.native import NativeEngine
 from temper.errors import PromptTooLongError
+from fp32 import ENGINE_PARITY
 
 from .conftest import CharTokenizer, hf_greedy, hf_logprobs, make_model, run
 
@@ -28,7 +29,7 @@ def test_greedy_and_logprobs(llama) -> None:
     assert s.token_ids == hf_greedy(llama, PROMPT, 12)
     assert s.finish_reason == "length" and s.policy_versions == [0] * 12
     torch.testing.assert_close(
-        torch.tensor(s.logprobs), hf_logprobs(llama, PROMPT, s.token_ids), atol=1e-4, rtol=0
+        torch.tensor(s.logprobs), hf_logprobs(llama, PROMPT, s.token_ids), **ENGINE_PARITY
     )
 
 
@@ -41,7 +42,7 @@ def test_sampled_n_seeded_and_raw_logprobs(llama) -> None:
     assert [s.token_ids for s in a.samples] == [s.token_ids for s in b.samples]
     for s in a.samples:  # raw (temperature 1) logprobs
         ref = hf_logprobs(llama, PROMPT, s.token_ids)
-        torch.testing.assert_close(torch.tensor(s.logprobs), ref, atol=1e-4, rtol=0)
+        torch.testing.assert_close(torch.tensor(s.logprobs), ref, **ENGINE_PARITY)
 
 
 def test_stops_match_native_engine(llama) -> None:

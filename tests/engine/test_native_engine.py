@@ -13,6 +13,7 @@ from temper.engine.base import Engine, SamplingParams
 from temper.engine.llama_forward import UnsupportedModelError
 from temper.engine.native import NativeEngine
 from temper.errors import PromptTooLongError, TemperError
+from fp32 import ENGINE_PARITY
 
 from .conftest import EOS, VOCAB, CharTokenizer, hf_greedy, hf_logprobs, make_model, run
 
@@ -46,7 +47,7 @@ def test_logprobs_match_hf_forward(kind: str) -> None:
         assert result.prompt_token_ids == prompt
         for s in result.samples:
             ref = hf_logprobs(model, prompt, s.token_ids)
-            torch.testing.assert_close(torch.tensor(s.logprobs), ref, atol=1e-4, rtol=0)
+            torch.testing.assert_close(torch.tensor(s.logprobs), ref, **ENGINE_PARITY)
     run(engine.close())
 
 
@@ -123,7 +124,7 @@ def test_continuous_batching_short_request_overtakes_long(llama) -> None:
     assert short.samples[0].token_ids == hf_greedy(llama, PROMPTS[1], 4)
     for prompt, out in ((PROMPTS[0], long), (PROMPTS[1], short)):
         ref = hf_logprobs(llama, prompt, out.samples[0].token_ids)
-        torch.testing.assert_close(torch.tensor(out.samples[0].logprobs), ref, atol=1e-4, rtol=0)
+        torch.testing.assert_close(torch.tensor(out.samples[0].logprobs), ref, **ENGINE_PARITY)
     del greedy
 
 
@@ -151,7 +152,7 @@ def test_more_requests_than_slots_queue_and_complete(llama) -> None:
     for prompt, r in zip(PROMPTS, results, strict=True):
         for s in r.samples:
             ref = hf_logprobs(llama, prompt, s.token_ids)
-            torch.testing.assert_close(torch.tensor(s.logprobs), ref, atol=1e-4, rtol=0)
+            torch.testing.assert_close(torch.tensor(s.logprobs), ref, **ENGINE_PARITY)
     with pytest.raises(TemperError, match="max_slots"):
         run(engine.generate(PROMPTS[0], sampled(n=4)))
 
@@ -240,7 +241,7 @@ def test_update_weights_changes_outputs_and_versions(llama) -> None:
     assert after.token_ids != before.token_ids
     assert after.token_ids == hf_greedy(other, prompt, 10)
     ref = hf_logprobs(other, prompt, after.token_ids)
-    torch.testing.assert_close(torch.tensor(after.logprobs), ref, atol=1e-4, rtol=0)
+    torch.testing.assert_close(torch.tensor(after.logprobs), ref, **ENGINE_PARITY)
 
     with pytest.raises(KeyError, match="unknown"):
         engine.update_weights({"nope.weight": torch.zeros(1)}, version=4)
@@ -375,7 +376,7 @@ def test_worker_runs_many_decode_steps_per_hand_off(llama) -> None:
     assert engine.stats.decode_steps == 29 and engine.stats.generated_tokens == 40
     for prompt, out in ((PROMPTS[0], long), (PROMPTS[1], short)):
         ref = hf_logprobs(llama, prompt, out.samples[0].token_ids)
-        torch.testing.assert_close(torch.tensor(out.samples[0].logprobs), ref, atol=1e-4, rtol=0)
+        torch.testing.assert_close(torch.tensor(out.samples[0].logprobs), ref, **ENGINE_PARITY)
     alone = run(engine.generate(PROMPTS[0], sampled(max_new=30)))
     assert alone.samples[0].token_ids == long.samples[0].token_ids
 

@@ -12,6 +12,7 @@ import torch
 from temper.engine.base import SamplingParams
 from temper.engine.native import NativeEngine
 from temper.engine.prefix_cache import PrefixCache
+from fp32 import ENGINE_PARITY, SAME_MATH
 
 from .conftest import hf_logprobs, make_model, run
 
@@ -31,7 +32,7 @@ def _assert_matches_hf(model, prompt: list[int], result) -> None:
     """Every sample's logprobs equal HF's full forward over prompt + sample."""
     for s in result.samples:
         ref = hf_logprobs(model, prompt, s.token_ids)
-        torch.testing.assert_close(torch.tensor(s.logprobs), ref, atol=1e-4, rtol=0)
+        torch.testing.assert_close(torch.tensor(s.logprobs), ref, **ENGINE_PARITY)
 
 
 def _turns(engine: NativeEngine, params: SamplingParams) -> tuple[list[int], object]:
@@ -77,7 +78,7 @@ def test_outputs_equal_an_engine_without_the_cache():
     turn2_plain, b = _turns(plain, greedy(16))
     assert turn2 == turn2_plain
     assert a.samples[0].token_ids == b.samples[0].token_ids
-    np.testing.assert_allclose(a.samples[0].logprobs, b.samples[0].logprobs, atol=1e-5)
+    np.testing.assert_allclose(a.samples[0].logprobs, b.samples[0].logprobs, **SAME_MATH)
     assert plain.stats.prefix_hits == 0 and cached.stats.prefix_hits == 1
     assert len(cached._runner.prefix) == 1  # turn 1 (turn 2 is saved at the next step)
     run(cached.close())

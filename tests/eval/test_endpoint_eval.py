@@ -79,7 +79,7 @@ def test_generate_returns_server_ids_and_logprobs(server, tokenizer):
     for g, w in zip(got.samples, want.samples, strict=True):
         assert g.token_ids == w.token_ids and not g.retokenized
         assert g.finish_reason == w.finish_reason and g.stop_reason == w.stop_reason
-        assert all(abs(a - b) < 1e-4 for a, b in zip(g.logprobs, w.logprobs, strict=True))
+        assert g.logprobs == pytest.approx(w.logprobs, rel=1e-5, abs=1e-4)
     with pytest.raises(ConfigError, match="cannot take weight updates"):
         engine.update_weights({}, 1)
 

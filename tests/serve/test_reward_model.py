@@ -91,7 +91,7 @@ def test_batched_scores_equal_unbatched_in_any_order(loaded, expected):
         scores, forwards = asyncio.run(go(order))
         assert forwards == 2  # 6 pairs, batches of 4
         for pair, got in zip(order, scores, strict=True):
-            assert got == pytest.approx(expected[pair], abs=1e-5)
+            assert got == pytest.approx(expected[pair], rel=1e-5, abs=1e-5)
 
 
 def test_overload_and_close_fail_fast(loaded):
@@ -128,7 +128,7 @@ def test_http_concurrent_clients_batching_health(rm_dir, expected):
                 return await asyncio.gather(*(client(i, http) for i in range(24)))
 
         for pair, got in asyncio.run(go()):
-            assert got == pytest.approx(expected[pair], abs=1e-5)
+            assert got == pytest.approx(expected[pair], rel=1e-5, abs=1e-5)
         assert batcher.scored == 24
         assert batcher.forwards < 24
 
@@ -169,11 +169,11 @@ def test_reward_http_and_in_process(rm_dir, expected):
     local_again = asyncio.run(local.score(inputs[:2]))  # a new event loop works too
     for pair, a, b in zip(PAIRS, results, local_results, strict=True):
         assert a.error is None and b.error is None
-        assert a.score == pytest.approx(expected[pair], abs=1e-5)
-        assert b.score == pytest.approx(expected[pair], abs=1e-5)
+        assert a.score == pytest.approx(expected[pair], rel=1e-5, abs=1e-5)
+        assert b.score == pytest.approx(expected[pair], rel=1e-5, abs=1e-5)
         assert a.components == {"reward_model": a.score}
     assert [r.score for r in local_again] == pytest.approx(
-        [r.score for r in local_results[:2]], abs=1e-5
+        [r.score for r in local_results[:2]], rel=1e-5, abs=1e-5
     )
 
 
@@ -273,5 +273,5 @@ def test_score_pairs_groups_give_the_same_scores_as_one_at_a_time(loaded, expect
     single = compute.run(score_pairs, model, tok, [long_pair])[0]
     got = compute.run(score_pairs, model, tok, pairs)
     assert got == pytest.approx(
-        [expected[p] for p in PAIRS] + [single, expected[PAIRS[0]]], abs=1e-5
+        [expected[p] for p in PAIRS] + [single, expected[PAIRS[0]]], rel=1e-5, abs=1e-5
     )

@@ -53,7 +53,7 @@ def test_cli_serves_tiny_rm_with_in_process_scores() -> None:
     finally:
         proc.terminate()
         proc.wait(20)
-    assert scores == pytest.approx(expected, abs=1e-5)
+    assert scores == pytest.approx(expected, rel=1e-5, abs=1e-5)
     assert health["model"] == "tiny-rm" and health["scored"] == len(pairs)
     # The served model prefers the chosen response on most held-out pairs (a
     # 24-pair slice is noisy; tests/models/test_tiny_rm.py checks the rate).

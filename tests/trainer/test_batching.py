@@ -9,6 +9,7 @@ from temper.rollout.trajectory import Trajectory
 from temper.trainer.batching import collate, plan_micro_batches
 from temper.trainer.forward import response_logits
 from temper.trainer.optim import lr_multiplier
+from fp32 import SAME_MATH
 
 
 def _traj(prompt, resp, mask=None, adv=0.0):
@@ -136,7 +137,7 @@ def test_shared_prompt_forward_equals_plain_forward(max_response):
     total = 0.0
     for row, t in enumerate(trajs):
         plain = _plain_logprobs(model, t)
-        torch.testing.assert_close(shared[row, : len(plain)], plain, atol=1e-5, rtol=0)
+        torch.testing.assert_close(shared[row, : len(plain)], plain, **SAME_MATH)
         total = total + plain.sum()
     total.backward()
     for n, p in model.named_parameters():

@@ -28,6 +28,7 @@ from temper.trainer.checkpoint import (
 )
 from temper.trainer.distributed import DistributedTrainer, TrainerWorkerError, resolve_backend
 from temper.trainer.policy_trainer import PolicyTrainer
+from fp32 import SAME_MATH
 
 # Adam turns float-rounding differences in near-zero gradients into weight differences
 # proportional to lr: at lr 1e-4 even two micro-batch budgets in ONE process differ by
@@ -150,7 +151,7 @@ def test_one_step_on_two_ranks_matches_one_process(scenario):
     for a, b in zip(scenario["plain_batch1"], scenario["dist_batch1"], strict=True):
         assert b.trainer_logprobs is not None and len(b.trainer_logprobs) == len(b.response_ids)
         torch.testing.assert_close(
-            torch.tensor(b.trainer_logprobs), torch.tensor(a.trainer_logprobs), atol=1e-5, rtol=0
+            torch.tensor(b.trainer_logprobs), torch.tensor(a.trainer_logprobs), **SAME_MATH
         )
 
 

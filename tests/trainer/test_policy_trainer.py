@@ -9,6 +9,7 @@ from temper.config.schema import AlgoConfig, TrainerConfig
 from temper.models import load_model
 from temper.rollout.trajectory import Trajectory
 from temper.trainer.policy_trainer import PolicyTrainer
+from fp32 import SAME_MATH
 
 
 def _trajs(n=8):
@@ -54,7 +55,7 @@ def test_train_step_records_the_trainers_logprobs_before_the_update():
     trainer.train_step(trajs)
     for t, lp in zip(trajs, expected, strict=True):
         assert t.trainer_logprobs is not None and len(t.trainer_logprobs) == len(t.response_ids)
-        torch.testing.assert_close(torch.tensor(t.trainer_logprobs), lp, atol=1e-5, rtol=0)
+        torch.testing.assert_close(torch.tensor(t.trainer_logprobs), lp, **SAME_MATH)
 
 
 def test_update_ascends_the_policy_gradient_objective():
