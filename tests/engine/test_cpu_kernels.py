@@ -9,11 +9,11 @@ import re
 import pytest
 import torch
 
+from fp32 import ENGINE_PARITY
 from temper.engine import cpu_kernels
 from temper.engine.base import SamplingParams
 from temper.engine.kv_cache import zeros_in_huge_pages
 from temper.engine.native import NativeEngine
-from fp32 import ENGINE_PARITY
 
 from .conftest import hf_logprobs, make_model, run
 

@@ -7,12 +7,12 @@ import asyncio
 import pytest
 import torch
 
+from fp32 import ENGINE_PARITY
 from temper.engine import build_engine
 from temper.engine.base import Engine, SamplingParams
 from temper.engine.hf import HFEngine
 from temper.engine.native import NativeEngine
 from temper.errors import PromptTooLongError
-from fp32 import ENGINE_PARITY
 
 from .conftest import CharTokenizer, hf_greedy, hf_logprobs, make_model, run
 

@@ -8,12 +8,12 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
+from fp32 import ENGINE_PARITY
 from temper.engine import build_engine
 from temper.engine.base import Engine, SamplingParams
 from temper.engine.llama_forward import UnsupportedModelError
 from temper.engine.native import NativeEngine
 from temper.errors import PromptTooLongError, TemperError
-from fp32 import ENGINE_PARITY
 
 from .conftest import EOS, VOCAB, CharTokenizer, hf_greedy, hf_logprobs, make_model, run
 

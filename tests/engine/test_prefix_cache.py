@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 import torch
 
+from fp32 import ENGINE_PARITY, SAME_MATH
 from temper.engine.base import SamplingParams
 from temper.engine.native import NativeEngine
 from temper.engine.prefix_cache import PrefixCache
-from fp32 import ENGINE_PARITY, SAME_MATH
 
 from .conftest import hf_logprobs, make_model, run
 

@@ -16,6 +16,7 @@ import time
 import pytest
 import torch
 
+from fp32 import SAME_MATH
 from temper.config.schema import AlgoConfig, TrainerConfig
 from temper.errors import ConfigError
 from temper.models import load_model, load_tokenizer
@@ -28,7 +29,6 @@ from temper.trainer.checkpoint import (
 )
 from temper.trainer.distributed import DistributedTrainer, TrainerWorkerError, resolve_backend
 from temper.trainer.policy_trainer import PolicyTrainer
-from fp32 import SAME_MATH
 
 # Adam turns float-rounding differences in near-zero gradients into weight differences
 # proportional to lr: at lr 1e-4 even two micro-batch budgets in ONE process differ by

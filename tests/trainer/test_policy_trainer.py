@@ -5,11 +5,11 @@ import copy
 import pytest
 import torch
 
+from fp32 import SAME_MATH
 from temper.config.schema import AlgoConfig, TrainerConfig
 from temper.models import load_model
 from temper.rollout.trajectory import Trajectory
 from temper.trainer.policy_trainer import PolicyTrainer
-from fp32 import SAME_MATH
 
 
 def _trajs(n=8):
