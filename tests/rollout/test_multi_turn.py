@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -22,13 +22,14 @@ import torch
 
 from scripted_engine import ScriptedEngine
 from temper.data.base import Task
-from temper.engine.base import Engine, SampleOutput, SamplingParams
+from temper.engine.base import Engine, EngineDefaults, SampleOutput, SamplingParams
 from temper.engine.native import NativeEngine
 from temper.envs import AssistantTurn, EpisodeLimits, StepResult, ToolEnv
 from temper.errors import PromptTooLongError
 from temper.models.loader import load_model, load_tokenizer
 from temper.rollout.multi_turn import episode_stats, run_episode, run_episodes
 from temper.rollout.trajectory import Trajectory
+from temper.weights.transport import WeightTransport
 
 QWEN_STYLE_TEMPLATE = (
     "{%- set default_system = 'You are a helpful assistant.' %}"
@@ -93,7 +94,7 @@ def run(coro: Any) -> Any:
 # ----------------------------------------------------------------------------- engines
 
 
-class RecordingEngine:
+class RecordingEngine(EngineDefaults):
     """Proxy that records every (prompt ids, params, sample) an engine handles."""
 
     def __init__(self, inner: Any) -> None:
@@ -114,8 +115,8 @@ class RecordingEngine:
         self.calls.append((list(prompt_token_ids), params, result.samples[0]))
         return result
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        self.inner.update_weights(state_dict, version)
+    def load_weights(self, transport: WeightTransport, version: int) -> None:
+        self.inner.load_weights(transport, version)
 
     async def close(self) -> None:
         await self.inner.close()

