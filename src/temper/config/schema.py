@@ -65,7 +65,9 @@ class EngineConfig(_Section):
     gpu_memory_utilization: float = Field(
         0.5, gt=0, le=1, description="vLLM on CUDA: fraction of GPU memory it may take."
     )
-    max_slots: int = Field(256, ge=1, description="Sequences decoded concurrently (native).")
+    max_slots: int = Field(
+        256, ge=1, description="Sequences decoded concurrently (native; vLLM's max_num_seqs)."
+    )
     prefix_cache_mb: float = Field(
         256.0,
         ge=0,
@@ -99,6 +101,8 @@ class EngineConfig(_Section):
     def _openai_needs_url(self) -> EngineConfig:
         if self.type == "openai" and not self.base_url:
             raise ValueError("engine.base_url is required when engine.type = 'openai'")
+        if self.sleep and (self.type != "vllm" or self.device == "cpu"):
+            raise ValueError("engine.sleep needs engine.type = 'vllm' on CUDA")
         return self
 
 

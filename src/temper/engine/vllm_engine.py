@@ -394,6 +394,10 @@ def _make_llm_engine(model_path: str, **opts: Any) -> Any:
         enable_sleep_mode=opts["enable_sleep"],
         max_num_seqs=opts["max_num_seqs"],
         enforce_eager=True,
+        # vLLM 0.32 on CPU: a seeded request whose prefill is split across steps fails
+        # ("CPU Generator does not use offset"), so prompts are prefilled whole.
+        enable_chunked_prefill=False,
+        max_num_batched_tokens=max(8192, opts["max_context"] or 0),
         logprobs_mode="raw_logprobs",
         disable_log_stats=True,
     )

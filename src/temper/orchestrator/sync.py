@@ -235,12 +235,13 @@ class SyncOrchestrator:
         failures = int(rollout_stats["reward_errors"])
         t2 = time.perf_counter()
         # Async: the engine keeps generating while the trainer steps, so it keeps its cache.
-        if (
-            self.backend.abilities.release_memory
-            and cfg.engine.release_memory_during_train
-            and not self.async_rollouts
-        ):
-            self.backend.release_memory()
+        asleep = False
+        if not self.async_rollouts:
+            if self.backend.abilities.sleep and cfg.engine.sleep:
+                self.backend.sleep()  # colocated on a GPU: weights and cache freed
+                asleep = True
+            elif self.backend.abilities.release_memory and cfg.engine.release_memory_during_train:
+                self.backend.release_memory()
         kept, dropped = assign_advantages(
             groups, cfg.algo.advantage, cfg.orchestrator.drop_zero_variance_groups
         )
@@ -256,6 +257,8 @@ class SyncOrchestrator:
             train = await self._check_before_publish(
                 step, flat, train_stats, rollout_stats, snapshot
             )
+        if asleep:
+            self.backend.wake_up()
         if train:
             with stage("weight_sync"):
                 publish_weights(self.backend, self.trainer.engine_state_dict(), step)
