@@ -34,6 +34,7 @@ import asyncio
 import contextlib
 import itertools
 import os
+import threading
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Any
@@ -137,6 +138,10 @@ class VLLMEngine(EngineDefaults):
         )
         self._stop = StopChecker(tokenizer, self.max_context)
         self._ids = itertools.count()
+        # Requests to add and abort, filled on the event loop, drained on the compute thread.
+        self._queue_lock = threading.Lock()
+        self._incoming: list[tuple[str, Any, Any]] = []
+        self._aborts: list[str] = []
         self._pending: dict[str, _Pending] = {}
         self._driver: asyncio.Task[None] | None = None
         self._wake: asyncio.Event | None = None
@@ -188,12 +193,20 @@ class VLLMEngine(EngineDefaults):
         if not queued:  # every sample was already complete when a weight update came
             pending.future.set_result(self._result(pending))
             return
-        compute.run(self._add_requests, queued)
+        with self._queue_lock:  # added by the compute thread at its next hand-off
+            self._incoming += queued
         self._kick()
 
-    def _add_requests(self, queued: list[tuple[str, Any, Any]]) -> None:
-        for rid, prompt, params in queued:
-            self._llm.add_request(rid, prompt, params)
+    def _take_queued(self) -> None:
+        """Add queued requests to vLLM and abort cancelled ones (on the compute thread)."""
+        with self._queue_lock:
+            incoming, self._incoming = self._incoming, []
+            aborts, self._aborts = self._aborts, []
+        for rid, prompt, params in incoming:
+            if rid not in aborts:
+                self._llm.add_request(rid, prompt, params)
+        if aborts:
+            self._llm.abort_request(aborts)
 
     def _sample_finished(self, pending: _Pending, i: int) -> bool:
         ids = pending.done_ids[i]
@@ -205,11 +218,13 @@ class VLLMEngine(EngineDefaults):
         return ids[-1] in stops
 
     def _abort(self, pending: _Pending) -> None:
+        """Forget a cancelled call; its vLLM requests are aborted at the next hand-off."""
         rids = [rid for rid, p in self._pending.items() if p is pending]
         for rid in rids:
             del self._pending[rid]
-        if rids:
-            compute.run(self._llm.abort_request, rids)
+        with self._queue_lock:
+            self._aborts += rids
+        self._kick()
 
     # ------------------------------------------------------------ driver
     def _ensure_driver(self) -> asyncio.AbstractEventLoop:
@@ -227,7 +242,7 @@ class VLLMEngine(EngineDefaults):
         """Step vLLM on the compute thread while it has work; settle finished calls."""
         assert self._wake is not None
         while not self._closed:
-            if not self._pending:
+            if not self._pending and not self._aborts:
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -252,11 +267,16 @@ class VLLMEngine(EngineDefaults):
         self._pending.clear()
 
     def _busy(self) -> bool:
+        """Requests queued for vLLM or running in it."""
+        with self._queue_lock:
+            if self._incoming:
+                return True
         return bool(self._llm.has_unfinished_requests())
 
     def _steps(self) -> list[Any]:
         """vLLM steps until some request finished, nothing is left or `STEPS_PER_CALL`
         ran (so a weight update or a new request waits at most that many steps)."""
+        self._take_queued()
         finished: list[Any] = []
         for _ in range(STEPS_PER_CALL):
             if not self._llm.has_unfinished_requests():
