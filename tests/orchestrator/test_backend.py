@@ -10,7 +10,7 @@ from temper.config import config_from_dict
 from temper.engine.base import SamplingParams
 from temper.models import load_model, load_tokenizer, resolve_model_path
 from temper.orchestrator.backend import LocalBackend, RolloutBackend, publish_weights
-from temper.orchestrator.build import build_backend
+from temper.orchestrator.placement import build_backend
 from temper.weights.transport import InProcessTransport
 
 

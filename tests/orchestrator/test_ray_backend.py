@@ -33,9 +33,9 @@ from temper.orchestrator.remote import RemoteBackend, WorkerError
 ray = pytest.importorskip("ray")
 
 from temper.orchestrator.backend import publish_weights  # noqa: E402
+from temper.orchestrator.placement import start_remote_backend  # noqa: E402
 from temper.orchestrator.remote.ray_actor import ray_settings  # noqa: E402
 from temper.orchestrator.remote.ray_pool import RayWorkerPool  # noqa: E402
-from temper.orchestrator.remote.rollouts import start_remote_backend  # noqa: E402
 from temper.weights import push_weights  # noqa: E402
 
 PARAMS = SamplingParams(n=2, temperature=1.0, max_new_tokens=12)
@@ -108,7 +108,7 @@ def _alive(pid: int) -> bool:
 
 
 def ray_rollouts(cfg, model_path: str) -> RemoteBackend:
-    """The run's Ray backend, as `orchestrator.build.build_backend` starts it."""
+    """The run's Ray backend, as `orchestrator.placement.build_backend` starts it."""
     cfg = cfg.model_copy(deep=True)
     cfg.orchestrator.backend = "ray"
     return start_remote_backend(cfg, model_path, load_tokenizer(_model_path()), None)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -15,7 +14,7 @@ from temper.data.sampler import ListSampler, ProceduralSampler, TaskSampler
 from temper.devices import resolve_device
 from temper.engine.base import Engine
 from temper.errors import DataError
-from temper.orchestrator.backend import LocalBackend, RolloutBackend, Rollouts
+from temper.orchestrator.backend import Rollouts
 from temper.rewards.base import Reward
 from temper.rollout.single_turn import PromptRenderer
 from temper.rollout.sources import EpisodeRollouts, SingleTurnRollouts
@@ -188,19 +187,3 @@ def build_rollouts(cfg: Config, engine: Any, tokenizer: Any) -> Rollouts:
         engine, spec, tokenizer, cfg.env.limits, reward, cfg.env.max_concurrency
     )
     return Rollouts(source, train, heldout, reward, None, spec)
-
-
-def build_backend(
-    cfg: Config, model_path: str, tokenizer: Any, run_dir: Path | None = None
-) -> RolloutBackend:
-    """The run's rollout backend: a local engine, or rollout workers (process / Ray).
-
-    ``model_path`` is the weights the engines start from (the base model or the
-    checkpoint being resumed).
-    """
-    if cfg.orchestrator.backend in ("process", "ray"):
-        from temper.orchestrator.remote.rollouts import start_remote_backend
-
-        return start_remote_backend(cfg, model_path, tokenizer, run_dir)
-    engine = build_engine(cfg, model_path, tokenizer)
-    return LocalBackend(engine, build_rollouts(cfg, engine, tokenizer))

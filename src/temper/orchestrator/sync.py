@@ -39,7 +39,7 @@ from temper.monitor.sinks import (
 )
 from temper.orchestrator.async_rollouts import AsyncRollouts
 from temper.orchestrator.backend import publish_weights
-from temper.orchestrator.build import build_backend
+from temper.orchestrator.placement import build_backend
 from temper.orchestrator.run_dir import RunDir
 from temper.rollout.multi_turn import episode_stats
 from temper.rollout.single_turn import check_prompt_fits

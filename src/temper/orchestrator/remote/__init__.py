@@ -10,7 +10,7 @@
 """
 
 from temper.orchestrator.remote.pool import WorkerPool
-from temper.orchestrator.remote.rollouts import RemoteBackend, start_remote_backend
+from temper.orchestrator.remote.rollouts import RemoteBackend
 from temper.orchestrator.remote.routing import WorkerError
 
-__all__ = ["RemoteBackend", "WorkerError", "WorkerPool", "start_remote_backend"]
+__all__ = ["RemoteBackend", "WorkerError", "WorkerPool"]

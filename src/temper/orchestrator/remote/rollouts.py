@@ -48,8 +48,6 @@ from temper.weights.shm_ring import SharedMemoryRingTransport
 #: Per-task seed spacing, as in `temper.rollout.single_turn.rollout_groups`.
 _TASK_SEED_STRIDE = 100003
 _LIVE: weakref.WeakSet[RemoteBackend] = weakref.WeakSet()
-#: Placeholder until `RemoteBackend.started` puts the pool's source in.
-_NO_SOURCE: Any = None
 
 
 class PoolRolloutSource:
@@ -247,21 +245,3 @@ def _close_all() -> None:
     """Never leave workers running: close any pool its owner forgot to close."""
     for backend in list(_LIVE):
         backend._shutdown()
-
-
-def start_remote_backend(
-    cfg: Config, model_path: str, tokenizer: Any, run_dir: Path | None
-) -> RemoteBackend:
-    """The run's `RemoteBackend`: tasks as `orchestrator.build.build_run_tasks` makes
-    them; the reward and the engines live in the workers only."""
-    from temper.orchestrator.build import build_run_tasks
-    from temper.rollout.single_turn import PromptRenderer
-
-    train, heldout, spec = build_run_tasks(cfg)
-    renderer = None if spec is not None else PromptRenderer(tokenizer, cfg.data.system_prompt)
-    rollouts = Rollouts(_NO_SOURCE, train, heldout, None, renderer, spec)
-    if cfg.orchestrator.backend == "ray":
-        from temper.orchestrator.remote.ray_backend import start_ray_backend
-
-        return start_ray_backend(cfg, model_path, rollouts)
-    return RemoteBackend.start(cfg, model_path, rollouts, run_dir)
