@@ -58,9 +58,9 @@ def _where(path: list[Any]) -> str:
     return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in path).lstrip(".")
 
 
-def check_value(value: Any, max_depth: int = MAX_DEPTH) -> None:
+def check_value(value: Any, max_depth: int = MAX_DEPTH, *, finite: bool = True) -> None:
     """Raise `JSONInputError` if ``value`` nests deeper than ``max_depth``, holds a
-    non-finite float, or a string (or key) with a lone surrogate.
+    string (or key) with a lone surrogate, or (with ``finite``) a non-finite float.
 
     Iterative, so a deep value cannot overflow the stack here.
     """
@@ -70,7 +70,7 @@ def check_value(value: Any, max_depth: int = MAX_DEPTH) -> None:
         if isinstance(node, str):
             _check_string(node, _where(path))
         elif isinstance(node, float):
-            if not math.isfinite(node):
+            if finite and not math.isfinite(node):
                 raise JSONInputError(f"{_where(path)} is a number out of range ({node})")
         elif isinstance(node, dict | list):
             if depth > max_depth:
