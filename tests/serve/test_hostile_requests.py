@@ -31,6 +31,7 @@ from temper.serve.reward_model import (
     score_pairs,
     start_rm_server,
 )
+from temper.serve.rm_scoring import score_pairs_each
 
 USER = [{"role": "user", "content": "What is 2+3?"}]
 DEEP = "[" * 100_000
@@ -313,6 +314,26 @@ def test_a_pair_the_tokenizer_refuses_fails_only_its_own_request(rm_loaded):
     assert isinstance(bad, UnscorablePair) and str(bad).startswith("pairs.1: the tokenizer")
     for i, got in enumerate(results):
         assert got == pytest.approx([expected[i % 3]], rel=1e-4, abs=1e-5)
+
+
+def test_a_pair_whose_forward_fails_fails_alone():
+    """A real model whose embedding is smaller than its tokenizer (700 of 759 ids):
+    a batch holding a pair with a high id fails its forward; the batch is rerun row
+    by row, so only that pair gets the error and the rest their own scores."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    tok = load_tokenizer("tiny")
+    cfg = LlamaConfig(vocab_size=700, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=4, num_key_value_heads=2, num_labels=1,
+                      pad_token_id=tok.pad_token_id)  # fmt: skip
+    torch.manual_seed(0)
+    model = LlamaForSequenceClassification(cfg).eval()
+    good = [("hello world", "hello"), ("what is it", "it is"), ("hello", "world")]
+    pairs = [*good[:2], ("hello", "Saturn Mango"), good[2]]  # ids 752, 751
+    alone = [compute.run(score_pairs_each, model, tok, [p])[0] for p in good]
+    got = compute.run(score_pairs_each, model, tok, pairs)
+    assert isinstance(got[2], RuntimeError) and "forward failed" in str(got[2])
+    assert [got[0], got[1], got[3]] == pytest.approx(alone, rel=1e-4, abs=1e-5)
 
 
 def test_huge_texts_are_cut_before_tokenizing_with_the_same_score(rm_loaded):

@@ -114,9 +114,14 @@ def score_pairs_each(
 ) -> list[float | Exception]:
     """The model's first logit for each pair, in order, or that pair's own error
     (call on the compute thread; see the module doc)."""
+    if not pairs:
+        return []
     encoded = _tokenize(tokenizer, pairs, max_length)
     results: list[float | Exception] = [e if isinstance(e, Exception) else 0.0 for e in encoded]
-    ids = {i: e for i, e in enumerate(encoded) if not isinstance(e, Exception)}
+    for i, e in enumerate(encoded):
+        if not isinstance(e, Exception) and not e:
+            results[i] = UnscorablePair("it tokenizes to zero tokens")
+    ids = {i: e for i, e in enumerate(encoded) if not isinstance(results[i], Exception)}
     order = sorted(ids, key=lambda i: len(ids[i]))
     pad = tokenizer.pad_token_id
     start = 0
