@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,9 +58,10 @@ class HTTPLimits:
         """From the servers' command-line flags; `TemperError` (one line) when out of range."""
         from temper.errors import TemperError
 
-        if not max_body_mb > 0 or not header_timeout_s > 0 or not body_timeout_s > 0:
+        values = (max_body_mb, header_timeout_s, body_timeout_s)
+        if not all(0 < v < math.inf for v in values):  # also refuses nan
             raise TemperError(
-                "need --max-body-mb > 0, --header-timeout-s > 0 and --body-timeout-s > 0"
+                "need finite --max-body-mb > 0, --header-timeout-s > 0 and --body-timeout-s > 0"
             )
         return cls(max(1, int(max_body_mb * 2**20)), header_timeout_s, body_timeout_s)
 
