@@ -14,10 +14,10 @@ recursively afterwards (schema checks, ``json.dumps``, pydantic, Jinja
 templates) cannot hit the recursion limit. `check_value` applies the same
 checks to a value that was decoded some other way (TOML, for instance).
 
-Every parser of untrusted JSON in Temper goes through here: the tool-call
-parser (and so the rollout, ``temper serve``, the ``tool_call_ast`` reward,
-replay and the dashboard), both servers' request bodies, and dataset columns
-that hold JSON.
+Users: the tool-call parser (and so the rollout, ``temper serve``, the
+``tool_call_ast`` reward, replay and the dashboard), the ``tool_call_ast``
+reward's JSON task columns, both servers' request bodies, and (through
+`check_value`) the config loader.
 """
 
 from __future__ import annotations
