@@ -478,3 +478,25 @@ def test_bad_limit_flags_are_one_line_errors(capsys, flags):
     assert main(["serve-rm", "tiny-rm", "--port", "0", *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("temper: error: need finite --max-body-mb")
+
+
+def test_clients_do_not_retry_a_request_larger_than_the_queue(rm_loaded):
+    """`RewardModelReward` sends 4 pairs per request to a server whose queue holds 2:
+    413, given up after one attempt (a 503 would have been retried 3 times)."""
+    from temper.data.base import Task
+    from temper.rewards.base import RewardInput
+    from temper.rewards.reward_model import RewardModelReward
+    from temper.serve.client import retryable_status
+
+    handle, _ = start_rm_server(rm_loaded, max_queue=2)
+    try:
+        reward = RewardModelReward(base_url=handle.url, request_size=4, max_retries=3)
+        task = Task(id="t", prompt="q")
+        results = asyncio.run(reward.score([RewardInput(task, "q", "a")] * 4))
+    finally:
+        handle.stop()
+    assert reward.client.attempts == 1
+    assert all("HTTP 413" in r.error and "1 attempt(s)" in r.error for r in results)
+    assert [retryable_status(s) for s in (400, 408, 413, 429, 500, 503)] == [
+        False, True, False, True, True, True
+    ]  # fmt: skip
