@@ -39,8 +39,9 @@ DEEP = "[" * 100_000
 HUGE_INT = "9" * 5000
 # A small body limit; timeouts generous enough that a loaded machine never trips them.
 SMALL = HTTPLimits(max_body_bytes=64 * 1024, header_timeout_s=30, body_timeout_s=30)
-# Short timeouts, only for the servers of the slow-client tests.
-SHORT = HTTPLimits(max_body_bytes=64 * 1024, header_timeout_s=0.5, body_timeout_s=0.5)
+# Short timeouts, only for the servers of the slow-client tests. The head's is the
+# longer, so a head sent at once is always read before it can expire.
+SHORT = HTTPLimits(max_body_bytes=64 * 1024, header_timeout_s=2, body_timeout_s=0.5)
 
 
 @pytest.fixture(scope="module")
@@ -213,7 +214,7 @@ def test_body_under_the_limit_is_served(rm):
 
 @pytest.fixture(params=["llm", "rm"])
 def short_server(request, tokenizer, rm_loaded):
-    """A server of each kind with 0.5 s head and body timeouts."""
+    """A server of each kind with the SHORT timeouts (head 2 s, body 0.5 s)."""
     if request.param == "llm":
         engine = RecordingEngine(tokenizer, ["fine"])
         handle = start_server(engine, tokenizer, model_name="tiny", limits=SHORT)
@@ -224,7 +225,7 @@ def short_server(request, tokenizer, rm_loaded):
 
 
 def _post_retrying(url: str, **kwargs) -> httpx.Response:
-    """POST, again on a transport error: with 0.5 s head timeouts a starved client
+    """POST, again on a transport error: with short head timeouts a starved client
     may be cut before it sends its head (that is the timeout working)."""
     for attempt in range(5):
         try:
@@ -237,7 +238,7 @@ def _post_retrying(url: str, **kwargs) -> httpx.Response:
 
 def test_half_sent_requests_are_closed(short_server):
     """100 connections that stall: silent, half a request head, or a head with a
-    partial body. With 0.5 s timeouts the server closes every one (408 for a
+    partial body. With SHORT timeouts the server closes every one (408 for a
     partial body) and keeps serving."""
     server, handle = short_server
     path = "/v1/chat/completions" if server == "llm" else "/score"
@@ -279,9 +280,9 @@ def test_half_sent_requests_are_closed(short_server):
 
 
 def test_a_request_waiting_for_its_answer_is_not_cut(rm_loaded):
-    """The head and body timeouts (0.5 s) do not cut a request whose answer takes
-    longer: the batcher holds a lone pair 2 s waiting for company."""
-    handle, _ = start_rm_server(rm_loaded, max_batch_size=64, max_wait_ms=2000, limits=SHORT)
+    """The head and body timeouts (2 s, 0.5 s) do not cut a request whose answer
+    takes longer: the batcher holds a lone pair 3 s waiting for company."""
+    handle, _ = start_rm_server(rm_loaded, max_batch_size=64, max_wait_ms=3000, limits=SHORT)
     body = {"pairs": [{"prompt": "a", "response": "b"}]}
     try:
         reply = _post_retrying(f"{handle.url}/score", json=body)
