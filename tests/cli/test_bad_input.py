@@ -126,3 +126,26 @@ def test_bad_override_syntax(capsys, arg):
         else _run(capsys, ["train", arg])
     )
     assert code == 2 and len(lines) == 1
+
+
+@pytest.mark.slow  # two `temper` processes (the in-process cases are in tests/config)
+@pytest.mark.parametrize(
+    ("content", "override", "words"),
+    [
+        (b'[run]\nname = "caf\xe9"\n', None, "not UTF-8"),
+        (None, "--env.options.x=" + "{a=" * 3000 + "1" + "}" * 3000, "deeper than"),
+    ],
+)
+def test_hostile_config_through_the_real_command(tmp_path, content, override, words):
+    """The installed entry point: one `temper: error:` line, exit 2, no traceback."""
+    args = [sys.executable, "-m", "temper.cli.main", "train"]
+    if content is not None:
+        path = tmp_path / "c.toml"
+        path.write_bytes(content)
+        args.append(str(path))
+    else:
+        args.append(override)
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert len(lines) == 1 and lines[0].startswith("temper: error: ") and words in lines[0]

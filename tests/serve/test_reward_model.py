@@ -143,14 +143,36 @@ def test_http_concurrent_clients_batching_health(rm_dir, expected):
         httpx.get(f"{handle.url}/health", timeout=2)
 
 
-def test_http_overload_is_503(loaded):
-    handle, _ = start_rm_server(loaded, max_batch_size=1, max_wait_ms=0, max_queue=2)
+def test_http_overload_is_503_and_a_request_larger_than_the_queue_is_413(loaded):
+    """A full queue is 503 (retry later); a request with more pairs than the queue
+    holds can never succeed, so it is a 413 that clients do not retry."""
+    handle, batcher = start_rm_server(loaded, max_batch_size=3, max_wait_ms=60_000, max_queue=3)
+
+    def body(pairs):
+        return {"pairs": [{"prompt": p, "response": r} for p, r in pairs]}
+
     try:
-        body = {"pairs": [{"prompt": p, "response": r} for p, r in PAIRS[:3]]}
-        reply = httpx.post(f"{handle.url}/score", json=body)
-        assert reply.status_code == 503
-        assert "max_queue=2" in reply.json()["error"]["message"]
-        assert reply.json()["error"]["type"] == "overloaded"
+        reply = httpx.post(f"{handle.url}/score", json=body(PAIRS[:4]))
+        assert reply.status_code == 413
+        assert reply.json()["error"]["type"] == "too_many_pairs"
+        assert "max_queue=3" in reply.json()["error"]["message"]
+
+        async def go():
+            async with httpx.AsyncClient(timeout=60) as http:
+                first = asyncio.ensure_future(
+                    http.post(f"{handle.url}/score", json=body(PAIRS[:2]))
+                )
+                while batcher.pending < 2:  # the first request is queued, waiting for a batch
+                    await asyncio.sleep(0.01)
+                full = await http.post(f"{handle.url}/score", json=body(PAIRS[2:4]))
+                last = await http.post(f"{handle.url}/score", json=body(PAIRS[4:5]))  # fills it
+                return full, await first, last
+
+        full, first, last = asyncio.run(go())
+        assert full.status_code == 503 and full.json()["error"]["type"] == "overloaded"
+        assert "max_queue=3" in full.json()["error"]["message"]
+        assert first.status_code == 200 and len(first.json()["scores"]) == 2
+        assert last.status_code == 200 and len(last.json()["scores"]) == 1
     finally:
         handle.stop()
 

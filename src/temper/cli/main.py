@@ -14,6 +14,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from temper.errors import ConfigError, TemperError
 
@@ -57,6 +58,41 @@ def join_override_values(argv: list[str]) -> list[str]:
             out.append(arg)
             i += 1
     return out
+
+
+def _add_limit_flags(p: argparse.ArgumentParser) -> None:
+    """The request limits both servers share (`temper.serve.limits`)."""
+    from temper.serve.limits import (
+        DEFAULT_BODY_TIMEOUT_S,
+        DEFAULT_HEADER_TIMEOUT_S,
+        DEFAULT_MAX_BODY_MB,
+    )
+
+    p.add_argument(
+        "--max-body-mb",
+        type=float,
+        default=DEFAULT_MAX_BODY_MB,
+        help=f"larger request bodies get HTTP 413 (default {DEFAULT_MAX_BODY_MB:g} MiB)",
+    )
+    p.add_argument(
+        "--header-timeout-s",
+        type=float,
+        default=DEFAULT_HEADER_TIMEOUT_S,
+        help="close a connection whose request head takes longer "
+        f"(default {DEFAULT_HEADER_TIMEOUT_S:g})",
+    )
+    p.add_argument(
+        "--body-timeout-s",
+        type=float,
+        default=DEFAULT_BODY_TIMEOUT_S,
+        help=f"HTTP 408 for a body not received within this (default {DEFAULT_BODY_TIMEOUT_S:g})",
+    )
+
+
+def _limits(args: argparse.Namespace) -> Any:
+    from temper.serve.limits import HTTPLimits
+
+    return HTTPLimits.from_flags(args.max_body_mb, args.header_timeout_s, args.body_timeout_s)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -112,6 +148,7 @@ def _parser() -> argparse.ArgumentParser:
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--served-model-name", default=None, help="model id clients send")
+    _add_limit_flags(sv)
     rm = sub.add_parser("serve-rm", help="serve a reward model (POST /score) with dynamic batching")
     rm.add_argument(
         "model", help='directory of a one-label sequence-classification model, or "tiny-rm"'
@@ -121,6 +158,7 @@ def _parser() -> argparse.ArgumentParser:
     rm.add_argument("--max-batch-size", type=int, default=32)
     rm.add_argument("--max-wait-ms", type=float, default=5.0)
     rm.add_argument("--max-queue", type=int, default=1024, help="queued pairs before HTTP 503")
+    _add_limit_flags(rm)
     d = sub.add_parser("dash", help="live web dashboard over the run directories in RUNS_DIR")
     d.add_argument("runs_dir", nargs="?", default="runs", help="folder of runs (default: runs)")
     d.add_argument("--host", default="127.0.0.1")
@@ -248,7 +286,14 @@ def cmd_serve(args: argparse.Namespace, overrides: list[str]) -> int:
 
     if overrides:
         raise ConfigError(f"serve takes no config overrides, got {overrides[0]!r}")
-    run_server(args.model, args.engine, args.host, args.port, model_name=args.served_model_name)
+    run_server(
+        args.model,
+        args.engine,
+        args.host,
+        args.port,
+        model_name=args.served_model_name,
+        limits=_limits(args),
+    )
     return 0
 
 
@@ -264,6 +309,7 @@ def cmd_serve_rm(args: argparse.Namespace, overrides: list[str]) -> int:
         max_batch_size=args.max_batch_size,
         max_wait_ms=args.max_wait_ms,
         max_queue=args.max_queue,
+        limits=_limits(args),
     )
     return 0
 

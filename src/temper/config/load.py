@@ -3,7 +3,11 @@
 `load_config("configs/x.toml", ["trainer.lr=3e-4"])` reads the file, applies
 each override (the value is parsed as a TOML literal, falling back to a plain
 string), validates, and raises `ConfigError` with one line that names the
-offending field on any problem.
+offending field on any problem. That includes hostile input: a file that is
+not UTF-8 or cannot be read, values nested deeper than `MAX_DEPTH` (which
+Python's TOML parser would answer with `RecursionError`), integers over
+Python's 4,300-digit limit (`ValueError`), text that is not valid Unicode
+(command-line bytes that are not UTF-8), and keys nested too deep.
 """
 
 from __future__ import annotations
@@ -15,8 +19,44 @@ from typing import Any
 import tomli_w
 from pydantic import ValidationError
 
+from temper import safe_json
 from temper.config.schema import Config
 from temper.errors import ConfigError
+
+#: Deepest nesting of a config value or dotted key (far beyond any real config;
+#: deeper values would strain the recursive code that reads and writes configs).
+MAX_DEPTH = 32
+
+
+def _parse_toml(text: str, where: str) -> dict[str, Any]:
+    """``tomllib.loads`` with every failure as one line naming ``where``."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError(f"{where} is not valid TOML: {err}") from None
+    except RecursionError:
+        raise ConfigError(f"{where} nests values deeper than {MAX_DEPTH} levels") from None
+    except ValueError as err:  # tomllib lets int()'s digit limit through
+        raise ConfigError(f"{where} is not usable: {_first_line(err)}") from None
+    for value in data.values():  # a section table is level one
+        _check_value(value, where)
+    return data
+
+
+def _check_value(value: Any, where: str) -> None:
+    try:
+        safe_json.check_value(value, MAX_DEPTH, finite=False)
+    except safe_json.JSONInputError as err:
+        if "surrogate" in str(err):  # how Python shows command-line bytes that are not UTF-8
+            raise ConfigError(f"{where}: not valid UTF-8 text ({err})") from None
+        raise ConfigError(f"{where}: {err}") from None
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).splitlines()[0] if str(err) else type(err).__name__
+    if "digits" in text:
+        return "an integer has more digits than Python converts (4300)"
+    return text
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -24,12 +64,32 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     key, sep, raw = text.partition("=")
     key = key.strip().lstrip("-")
     if not sep or not key:
-        raise ConfigError(f"override {text!r} is not of the form section.key=value")
+        raise ConfigError(f"override {_short(text)} is not of the form section.key=value")
+    path = key.split(".")
+    if len(path) > MAX_DEPTH or not all(path):
+        raise ConfigError(
+            f"override {_short(key)}: a key needs non-empty parts, at most {MAX_DEPTH} of them"
+        )
+    _check_value(key, f"override {_short(key)}")
     try:
         value = tomllib.loads(f"v = {raw}")["v"]
     except tomllib.TOMLDecodeError:
         value = raw
-    return key.split("."), value
+    except RecursionError:
+        raise ConfigError(f"override {key}: value nests deeper than {MAX_DEPTH} levels") from None
+    except ValueError as err:
+        raise ConfigError(f"override {key}: value is not usable: {_first_line(err)}") from None
+    _check_value(value, f"override {key}")
+    return path, value
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """``repr(value)``, cut to about ``limit`` characters (a hostile value may be huge)."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int over the digit limit
+        return f"<{type(value).__name__}>"
+    return text if len(text) <= limit else f"{text[:limit]}...({len(text)} characters)"
 
 
 def apply_override(data: dict[str, Any], path: list[str], value: Any) -> None:
@@ -51,7 +111,7 @@ def format_validation_error(err: ValidationError) -> str:
             parts.append(f"unknown config key '{loc}'")
         else:
             got = e.get("input")
-            shown = "" if isinstance(got, dict) else f" (got {got!r})"
+            shown = "" if isinstance(got, dict) else f" (got {_short(got)})"
             parts.append(f"{loc}: {e['msg']}{shown}")
     return "; ".join(parts)
 
@@ -68,12 +128,24 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     data: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
-        if not p.is_file():
+        try:
+            found = p.is_file()
+        except OSError as err:  # e.g. a name longer than the file system allows
+            raise ConfigError(f"config file {_short(str(p))}: {err.strerror or err}") from None
+        if not found:
             raise ConfigError(f"config file not found: {p}")
         try:
-            data = tomllib.loads(p.read_text())
-        except tomllib.TOMLDecodeError as err:
-            raise ConfigError(f"config file {p} is not valid TOML: {err}") from None
+            raw = p.read_bytes()
+        except OSError as err:
+            raise ConfigError(f"cannot read config file {p}: {err.strerror or err}") from None
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ConfigError(
+                f"config file {p} is not UTF-8 text (byte 0x{raw[err.start]:02x} at "
+                f"offset {err.start})"
+            ) from None
+        data = _parse_toml(text, f"config file {p}")
     for text in overrides or []:
         keys, value = parse_override(text)
         apply_override(data, keys, value)

@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
+from temper import safe_json
 from temper.data.base import Task
 from temper.envs.base import AssistantTurn, Message, StepResult, ToolCall, ToolCallError
 
@@ -244,7 +245,10 @@ def parse_tool_calls(text: str) -> tuple[list[ToolCall], list[ToolCallError]]:
     Each block is one call (parallel calls are several blocks); whitespace
     around the JSON is ignored, and `arguments` may also be a JSON string
     holding an object. A block without its closing tag is an "unclosed"
-    error; text outside blocks is ignored.
+    error; text outside blocks is ignored. It never raises: whatever the model
+    wrote (nesting 1,000 deep, a 5,000-digit integer, NaN, a lone surrogate
+    escape such as "\\ud800") is a "bad_json" or "bad_format" error, decoded by
+    `temper.safe_json.loads`, which also bounds the nesting of the arguments.
     """
     calls: list[ToolCall] = []
     errors: list[ToolCallError] = []
@@ -256,18 +260,18 @@ def parse_tool_calls(text: str) -> tuple[list[ToolCall], list[ToolCallError]]:
             )
             continue
         try:
-            obj = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            errors.append(
-                ToolCallError("bad_json", f"tool call is not valid JSON ({exc})", index, raw)
-            )
+            obj = safe_json.loads(raw)
+        except safe_json.JSONInputError as exc:
+            errors.append(ToolCallError("bad_json", f"tool call is {_not_json(exc)}", index, raw))
             continue
         args = obj.get("arguments", {}) if isinstance(obj, dict) else None
         if isinstance(args, str):
             try:
-                args = json.loads(args)
-            except json.JSONDecodeError:
-                args = None
+                args = safe_json.loads(args)
+            except safe_json.JSONInputError as exc:
+                msg = f'"arguments" of the tool call is a string that is {_not_json(exc)}'
+                errors.append(ToolCallError("bad_format", msg, index, raw))
+                continue
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             msg = 'tool call must be a JSON object with a string "name"'
             errors.append(ToolCallError("bad_format", msg, index, raw))
@@ -277,6 +281,12 @@ def parse_tool_calls(text: str) -> tuple[list[ToolCall], list[ToolCallError]]:
         else:
             calls.append(ToolCall(obj["name"], args, index, f"call_{index}", raw))
     return calls, errors
+
+
+def _not_json(exc: safe_json.JSONInputError) -> str:
+    """The words 'not valid JSON (...)' for any problem `safe_json.loads` reports."""
+    text = str(exc)
+    return text if text.startswith("not valid JSON") else f"not valid JSON ({text})"
 
 
 def format_result(value: Any, max_chars: int | None) -> str:

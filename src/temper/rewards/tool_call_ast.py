@@ -34,12 +34,12 @@ with `ast.literal_eval` (nothing is ever evaluated).
 from __future__ import annotations
 
 import ast
-import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from temper import safe_json
 from temper.envs.base import ToolCall
 from temper.envs.tools import parse_tool_calls
 from temper.rewards.base import RewardInput, RewardResult
@@ -162,10 +162,11 @@ def extract_tool_calls(text: str) -> list[ToolCall]:
 def parse_expected(ground_truth: Any) -> list[Expected]:
     """BFCL ground truth (a list of ``{name: {arg: [allowed]}}``, or its JSON) as pairs.
 
-    Raises ValueError with one line when the shape is wrong.
+    Raises ValueError with one line when the shape is wrong (or the JSON is not
+    usable: `temper.safe_json.loads`).
     """
     if isinstance(ground_truth, str):
-        ground_truth = json.loads(ground_truth)
+        ground_truth = safe_json.loads(ground_truth)
     if not isinstance(ground_truth, list):
         raise ValueError("ground truth must be a list of {function: {arg: [allowed values]}}")
     out: list[Expected] = []
@@ -180,11 +181,24 @@ def parse_expected(ground_truth: Any) -> list[Expected]:
 
 
 def function_parameters(functions: Sequence[Mapping[str, Any]] | None) -> dict[str, Any]:
-    """{name: parameters schema} from BFCL or OpenAI-format function descriptions."""
+    """{name: parameters schema} from BFCL or OpenAI-format function descriptions.
+
+    Raises ValueError naming the entry when one has no string "name" or its
+    parameters are not an object.
+    """
     out: dict[str, Any] = {}
-    for fn in functions or []:
-        spec = fn.get("function", fn) if fn.get("type") == "function" else fn
-        out[spec["name"]] = spec.get("parameters") or {}
+    for i, fn in enumerate(functions or []):
+        spec = (
+            fn.get("function", fn)
+            if isinstance(fn, Mapping) and fn.get("type") == "function"
+            else fn
+        )
+        if not isinstance(spec, Mapping) or not isinstance(spec.get("name"), str):
+            raise ValueError(f'function {i} must be an object with a string "name"')
+        params = spec.get("parameters") or {}
+        if not isinstance(params, Mapping):
+            raise ValueError(f"function {i} ({spec['name']}): parameters must be an object")
+        out[spec["name"]] = params
     return out
 
 
@@ -396,9 +410,10 @@ class ToolCallASTReward:
             expected = parse_expected(columns[self.ground_truth_field])
             functions = columns.get(self.functions_field)
             if isinstance(functions, str):
-                functions = json.loads(functions)
+                functions = safe_json.loads(functions)
             if functions is not None and not isinstance(functions, list):
                 raise ValueError(f"column {self.functions_field!r} is not a list of functions")
+            function_parameters(functions)  # a malformed entry is the task's error
         except ValueError as exc:
             return RewardResult(score=0.0, error=f"task {item.task.id!r}: bad ground truth: {exc}")
         try:

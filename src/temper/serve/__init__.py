@@ -3,7 +3,8 @@
 `start_server(engine, tokenizer, host, port=0)` serves from a background
 thread and returns a `ServerHandle` (`base_url`, `stop()`); `create_app`
 builds the FastAPI app; `run_server` is `temper serve`; `ChatClient` calls
-any OpenAI-compatible chat endpoint with retries. See docs/serving.md.
+any OpenAI-compatible chat endpoint with retries; `HTTPLimits` bounds request
+bodies and read times on both servers. See docs/serving.md.
 
 Names are imported lazily, so `temper.serve.client` (used by the LLM judge)
 does not pull in FastAPI.
@@ -18,6 +19,7 @@ _EXPORTS = {
     "APIError": "temper.serve.protocol",
     "ChatClient": "temper.serve.client",
     "ChatClientError": "temper.serve.client",
+    "HTTPLimits": "temper.serve.limits",
     "OpenAIServer": "temper.serve.openai_server",
     "create_app": "temper.serve.openai_server",
     "ServerHandle": "temper.serve.runner",

@@ -2,9 +2,11 @@
 
 Used by the LLM judge (`temper.rewards.judge`) to call `temper serve`, vLLM,
 OpenAI or any OpenAI-compatible endpoint. Each attempt has a timeout;
-connection errors, timeouts, HTTP 429 and 5xx are retried with exponential
-backoff (``backoff_s * 2**attempt``, capped at ``max_backoff_s``, no jitter);
-other 4xx answers are not retried. The last failure is raised as
+connection errors, timeouts, HTTP 408 (the server timed out reading the
+request), 429 and 5xx are retried with exponential backoff (``backoff_s *
+2**attempt``, capped at ``max_backoff_s``, no jitter); other 4xx answers are
+not retried: 413 (body too large, or more reward-model pairs than the
+server's queue holds) cannot succeed on a retry. The last failure is raised as
 `ChatClientError` with one line saying what happened and how many attempts
 were made. It does not stream and does not validate the reply beyond JSON.
 """
@@ -34,15 +36,20 @@ def _short(text: str, n: int = 200) -> str:
     return flat if len(flat) <= n else flat[:n] + "..."
 
 
+def retryable_status(status: int) -> bool:
+    """Whether an HTTP error status may go away on a retry: 408, 429 and 5xx."""
+    return status in (408, 429) or status >= 500
+
+
 async def post_json(http: httpx.AsyncClient, url: str, payload: dict[str, Any]) -> Any:
     """POST ``payload`` and return the JSON reply; failures raise `ChatClientError`,
-    marked retryable for connection errors, 429 and 5xx."""
+    marked retryable for connection errors, 408, 429 and 5xx (`retryable_status`)."""
     try:
         reply = await http.post(url, json=payload)
     except httpx.TransportError as exc:
         raise ChatClientError(f"cannot reach {url}: {exc!r}", True) from None
     if reply.status_code >= 400:
-        retry = reply.status_code == 429 or reply.status_code >= 500
+        retry = retryable_status(reply.status_code)
         raise ChatClientError(f"HTTP {reply.status_code} from {url}: {_short(reply.text)}", retry)
     try:
         return reply.json()
@@ -111,7 +118,7 @@ class ChatClient:
                 try:
                     reply = await api.chat.completions.create(**payload)
                 except openai.APIStatusError as exc:
-                    retry = exc.status_code == 429 or exc.status_code >= 500
+                    retry = retryable_status(exc.status_code)
                     body = exc.body if isinstance(exc.body, dict) else {}
                     detail = body.get("message") or exc.message
                     raise ChatClientError(f"HTTP {exc.status_code}: {detail}", retry) from None

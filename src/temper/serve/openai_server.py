@@ -28,11 +28,13 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from temper.engine.base import Engine, GenerationResult, SampleOutput
 from temper.envs.tools import parse_tool_calls
 from temper.errors import PromptTooLongError, TemperError
 from temper.serve import protocol as P
+from temper.serve.limits import CLOSE, BodyError, HTTPLimits, longest_token_chars, read_body
 from temper.serve.protocol import APIError
 
 log = logging.getLogger(__name__)
@@ -49,6 +51,8 @@ class OpenAIServer:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.created = int(time.time())
+        # A text longer than this has at least max_context tokens: refused untokenized.
+        self.max_chars = engine.max_context * longest_token_chars(tokenizer)
 
     # ------------------------------------------------------------------ helpers
     def _check_model(self, model: str) -> None:
@@ -60,8 +64,27 @@ class OpenAIServer:
                 code="model_not_found",
             )
 
-    def _encode(self, text: str, special: bool) -> list[int]:
+    def _encode(self, text: str, special: bool, param: str) -> list[int]:
+        """Token ids of ``text``; a text too long for the context is refused before
+        tokenizing, so a huge prompt costs neither the time nor the memory."""
+        if len(text) > self.max_chars:
+            raise APIError(
+                f"{param} is {len(text)} characters, more than the model context of "
+                f"{self.engine.max_context} tokens can hold (at most {self.max_chars})",
+                param=param,
+                code="context_length_exceeded",
+            )
         return list(self.tokenizer(text, add_special_tokens=special)["input_ids"])
+
+    def _check_ids(self, ids: list[int], param: str) -> list[int]:
+        """A prompt given as token ids: each must be in the tokenizer's vocabulary."""
+        vocab = len(self.tokenizer)
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise APIError(
+                f"{param} holds token id {bad}, outside the vocabulary [0, {vocab})", param=param
+            )
+        return ids
 
     def _check_fits(self, ids: list[int], param: str) -> None:
         if not ids:
@@ -159,9 +182,10 @@ class OpenAIServer:
                 f"messages cannot be rendered with the model's chat template: {first}",
                 param="messages",
             ) from None
-        ids = self._encode(text, special=False)
+        ids = self._encode(text, special=False, param="messages")
         self._check_fits(ids, "messages")
         params = P.sampling_params(req, len(ids), self.engine.max_context)
+        self._check_ids(list(params.stop_token_ids), "stop_token_ids")
         result = await self._generate(ids, params)
         choices = []
         for i, sample in enumerate(result.samples):
@@ -188,6 +212,7 @@ class OpenAIServer:
         for j, ids in enumerate(prompts):
             self._check_fits(ids, "prompt" if len(prompts) == 1 else f"prompt[{j}]")
         params = [P.sampling_params(req, len(ids), self.engine.max_context) for ids in prompts]
+        self._check_ids(list(params[0].stop_token_ids), "stop_token_ids")
         results = await asyncio.gather(
             *[self._generate(ids, p) for ids, p in zip(prompts, params, strict=True)]
         )
@@ -210,12 +235,17 @@ class OpenAIServer:
         """Token ids of each prompt: text is encoded (with the tokenizer's special
         tokens, e.g. BOS), id lists are used as given."""
         if isinstance(prompt, str):
-            return [self._encode(prompt, special=True)]
+            return [self._encode(prompt, True, "prompt")]
         if not prompt:
             raise APIError("prompt must not be empty", param="prompt")
         if all(isinstance(p, int) for p in prompt):
-            return [list(prompt)]
-        return [self._encode(p, True) if isinstance(p, str) else list(p) for p in prompt]
+            return [self._check_ids(list(prompt), "prompt")]
+        return [
+            self._encode(p, True, f"prompt[{j}]")
+            if isinstance(p, str)
+            else self._check_ids(list(p), f"prompt[{j}]")
+            for j, p in enumerate(prompt)
+        ]
 
     def _envelope(
         self, prefix: str, obj: str, choices: list[dict[str, Any]], results: list[GenerationResult]
@@ -255,15 +285,22 @@ def _error(exc: APIError) -> JSONResponse:
 
 
 def create_app(
-    engine: Engine, tokenizer: Any, model_name: str = "temper", *, close_engine: bool = False
+    engine: Engine,
+    tokenizer: Any,
+    model_name: str = "temper",
+    *,
+    close_engine: bool = False,
+    limits: HTTPLimits | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``engine`` as ``model_name``.
 
     With ``close_engine`` the app awaits ``engine.close()`` at shutdown (on
-    the server's loop, where the engine ran). Errors are OpenAI-style JSON:
-    4xx for bad requests, 500 (logged with its traceback) for server bugs.
+    the server's loop, where the engine ran). Request bodies obey ``limits``
+    (size: 413, time: 408; see `temper.serve.limits`). Errors are OpenAI-style
+    JSON: 4xx for bad requests, 500 (logged with its traceback) for server bugs.
     """
     server = OpenAIServer(engine, tokenizer, model_name)
+    limits = limits or HTTPLimits()
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -276,7 +313,14 @@ def create_app(
 
     async def handle(request: Request, endpoint: Any) -> JSONResponse:
         try:
-            return JSONResponse(await endpoint(await request.body()))
+            raw = await read_body(request, limits)
+        except BodyError as exc:
+            refused = APIError(exc.message, status=exc.status, code=exc.code)
+            return JSONResponse(refused.body(), status_code=exc.status, headers=CLOSE)
+        except ClientDisconnect:  # nobody is left to answer
+            return _error(APIError("client disconnected before sending the body"))
+        try:
+            return JSONResponse(await endpoint(raw))
         except APIError as exc:
             return _error(exc)
         except Exception as exc:  # a bug must answer 500, not kill the server

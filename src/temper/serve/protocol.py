@@ -13,11 +13,11 @@ rather than ignored: streaming, penalties, `logit_bias`, `echo`, `suffix`,
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from temper import safe_json
 from temper.engine.base import SamplingParams
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -93,11 +93,15 @@ class CompletionRequest(_Request):
 
 
 def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
-    """Decode and validate a request body; `APIError` names the first bad field."""
+    """Decode and validate a request body; `APIError` names the first bad field.
+
+    The JSON is decoded by `temper.safe_json.loads`: nesting deeper than 64,
+    integers over 4,300 digits, NaN/Infinity and lone surrogates are 400s.
+    """
     try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise APIError(f"request body is not valid JSON: {exc}") from None
+        data = safe_json.loads(raw)
+    except safe_json.JSONInputError as exc:
+        raise APIError(f"request body: {exc}") from None
     if not isinstance(data, dict):
         raise APIError(f"request body must be a JSON object, got {type(data).__name__}")
     try:
@@ -144,6 +148,8 @@ def sampling_params(
         limit_name, limit = "max_completion_tokens", req.max_completion_tokens
     if limit is not None and limit < 1:
         raise APIError(f"{limit_name} must be at least 1, got {limit}", param=limit_name)
+    if req.seed is not None and not -(2**63) <= req.seed < 2**64:
+        raise APIError(f"seed must fit in 64 bits, got {req.seed}", param="seed")
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     if any(not s for s in stops):
         raise APIError("stop strings must be non-empty", param="stop")

@@ -2,20 +2,25 @@
 
 `RewardModelBatcher` queues (prompt, response) pairs; a worker task collects
 up to ``max_batch_size`` of them, or waits at most ``max_wait_ms`` after the
-oldest one arrived, and scores them with `score_pairs` on the compute thread
-(`temper.compute.arun`): one tokenizer call, rows sorted by token length, one
-padded forward of an `AutoModelForSequenceClassification` (with one label)
-per group of similar lengths. Each pair's future gets its scalar score. The
-queue is bounded (``max_queue`` pairs): when full, new requests fail at once
-with `Overloaded`. `close()` fails every pending pair
-with `BatcherClosed` instead of leaving it hanging.
+oldest one arrived, and scores them with `temper.serve.rm_scoring` on the
+compute thread (`temper.compute.arun`): one tokenizer call, rows sorted by
+token length, one padded forward of an `AutoModelForSequenceClassification`
+(with one label) per group of similar lengths. Each pair's future gets its
+scalar score, or the error that pair alone causes: a bad pair fails only its
+own request. The queue is bounded (``max_queue`` pairs): when full, new
+requests fail at once with `Overloaded`; a request of more than
+``max_queue`` pairs fails with `TooManyPairs`. `close()` fails every pending
+pair with `BatcherClosed` instead of leaving it hanging.
 
 `create_app(batcher)` serves it: ``POST /score`` with
 ``{"pairs": [{"prompt": ..., "response": ...}, ...]}`` answers
 ``{"scores": [...]}``; ``GET /health``. Errors are JSON
-``{"error": {"message": ..., "type": ...}}``: 400 for a bad request, 503 when
-overloaded or shutting down. `start_rm_server(...)` runs it in a background
-thread (tests, benchmarks); `run_rm_server(...)` is ``temper serve-rm``.
+``{"error": {"message": ..., "type": ...}}``: 400 for a bad request (or a
+pair the tokenizer refuses), 408/413 for a body too slow or too large (see
+`temper.serve.limits`), 413 for more pairs than the queue holds, 503 when
+overloaded or shutting down, 500 for a failing forward.
+`start_rm_server(...)` runs it in a background thread (tests, benchmarks);
+`run_rm_server(...)` is ``temper serve-rm``.
 """
 
 from __future__ import annotations
@@ -30,10 +35,32 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from temper import compute
+from temper import compute, safe_json
 from temper.errors import ModelLoadError, TemperError
+from temper.serve.limits import CLOSE, BodyError, HTTPLimits, read_body, uvicorn_config
+from temper.serve.rm_scoring import (
+    SPLIT_COST_TOKENS,
+    UnscorablePair,
+    length_groups,
+    score_pairs,
+    score_pairs_each,
+)
+
+__all__ = [
+    "SPLIT_COST_TOKENS",
+    "BatcherClosed",
+    "Overloaded",
+    "RewardModelBatcher",
+    "TooManyPairs",
+    "UnscorablePair",
+    "create_app",
+    "length_groups",
+    "load_reward_model",
+    "parse_score_request",
+    "run_rm_server",
+    "score_pairs",
+    "start_rm_server",
+]
 
 
 class Overloaded(Exception):
@@ -42,6 +69,10 @@ class Overloaded(Exception):
 
 class BatcherClosed(Exception):
     """The batcher shut down before (or while) scoring the pair."""
+
+
+class TooManyPairs(ValueError):
+    """A request with more pairs than the whole queue holds: it can never be queued."""
 
 
 def _bad(where: str, msg: str) -> ValueError:
@@ -67,13 +98,15 @@ def parse_score_request(body: bytes) -> list[tuple[str, str]]:
 
     The body must be ``{"pairs": [{"prompt": str, "response": str}, ...]}`` and
     nothing else. Raises ValueError with a one-line ``"field: problem"``
-    message. Plain checks rather than a pydantic model: this runs on the event
-    loop once per request, and under load that loop is the server's bottleneck.
+    message (`temper.safe_json.loads` decodes the JSON: no lone surrogates, no
+    NaN, nesting of at most 64). Plain checks rather than a pydantic model:
+    this runs on the event loop once per request, and under load that loop is
+    the server's bottleneck.
     """
     try:
-        data = json.loads(body)
-    except ValueError as exc:
-        raise _bad("body", f"not valid JSON ({str(exc).splitlines()[0]})") from None
+        data = safe_json.loads(body)
+    except safe_json.JSONInputError as exc:
+        raise _bad("body", str(exc)) from None
     if not isinstance(data, dict):
         raise _bad("body", "expected a JSON object")
     extra = next((k for k in data if k != "pairs"), None)
@@ -123,67 +156,14 @@ def load_reward_model(path: str | Path) -> tuple[Any, Any]:
     return model.eval(), tokenizer
 
 
-#: What one extra forward costs, in padded tokens: a forward's fixed Python
-#: and dispatch work on CPU takes about as long as the tiny RM spends on this
-#: many tokens. `length_groups` splits a batch where padding would cost more.
-SPLIT_COST_TOKENS = 64
-
-
-def length_groups(lengths: list[int], split_cost: int = SPLIT_COST_TOKENS) -> list[int]:
-    """Where to cut ``lengths`` (sorted ascending) into separately padded forwards.
-
-    Returns the end index of each group. A group grows while the padding that
-    the next row adds to it (``rows so far * length increase``) stays within
-    ``split_cost`` tokens; otherwise the next row starts a new group. Equal
-    lengths never split, so a batch of similar texts is one forward.
-    """
-    ends: list[int] = []
-    start = 0
-    for i in range(1, len(lengths)):
-        if (i - start) * (lengths[i] - lengths[i - 1]) > split_cost:
-            ends.append(i)
-            start = i
-    return [*ends, len(lengths)] if lengths else []
-
-
-def _padded(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input_ids, attention_mask) of ``rows`` right-padded to the longest, without a per-row loop."""
-    lengths = torch.tensor([len(r) for r in rows])
-    mask = torch.arange(int(lengths.max())) < lengths[:, None]
-    ids = torch.full(mask.shape, pad_id, dtype=torch.long)
-    ids[mask] = torch.tensor([t for r in rows for t in r], dtype=torch.long)
-    return ids, mask.long()
-
-
-def score_pairs(
-    model: Any, tokenizer: Any, pairs: list[tuple[str, str]], max_length: int | None = None
-) -> list[float]:
-    """The first logit of the model for each pair, in order (call on the compute thread).
-
-    Tokenizes all pairs in one call (``tokenizer(prompt, response)``), sorts
-    them by token length and runs one padded forward per `length_groups`
-    group, so that a short pair never pays for the padding of a long one.
-    """
-    if not pairs:
-        return []
-    kwargs: dict[str, Any] = {}
-    if max_length is not None:
-        kwargs.update(truncation=True, max_length=max_length)
-    ids = tokenizer([p for p, _ in pairs], [r for _, r in pairs], **kwargs)["input_ids"]
-    order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
-    ends = length_groups([len(ids[i]) for i in order])
-    device = next(model.parameters()).device
-    scores = [0.0] * len(ids)
-    start = 0
-    for end in ends:
-        rows = order[start:end]
-        input_ids, mask = _padded([ids[i] for i in rows], tokenizer.pad_token_id)
-        with torch.inference_mode():
-            logits = model(input_ids=input_ids.to(device), attention_mask=mask.to(device)).logits
-        for i, value in zip(rows, logits[:, 0].float().cpu().tolist(), strict=True):
-            scores[i] = value
-        start = end
-    return scores
+def _index_of(items: list[_Item], exc: BaseException) -> int:
+    """Which item's future failed with ``exc``; marks every failure as retrieved."""
+    failed = [
+        i
+        for i, it in enumerate(items)
+        if it.future.done() and not it.future.cancelled() and it.future.exception() is exc
+    ]
+    return failed[0] if failed else -1
 
 
 @dataclass
@@ -248,14 +228,20 @@ class RewardModelBatcher:
             self._worker = asyncio.get_running_loop().create_task(self._run())
 
     async def score(self, pairs: list[tuple[str, str]]) -> list[float]:
-        """Scores of ``pairs`` (all queued together, or none: `Overloaded` when full)."""
+        """Scores of ``pairs`` (all queued together, or none: `Overloaded` when full).
+
+        A pair that fails on its own fails the call with its error
+        (`UnscorablePair` or `RuntimeError`); pairs of other calls batched
+        with it are scored as usual. `TooManyPairs`: more pairs than
+        ``max_queue``, so the call could never succeed.
+        """
         if not pairs:
             return []
         self.start()
         if len(pairs) > self.max_queue:
-            raise Overloaded(
-                f"request has {len(pairs)} pairs, more than the queue limit max_queue="
-                f"{self.max_queue}"
+            raise TooManyPairs(
+                f"request has {len(pairs)} pairs, more than the queue holds (max_queue="
+                f"{self.max_queue}); send at most {self.max_queue} per request"
             )
         if len(self._items) + len(pairs) > self.max_queue:
             raise Overloaded(
@@ -276,10 +262,12 @@ class RewardModelBatcher:
             if len(items) == 1:  # the common case; gather would add a task per request
                 return [await items[0].future]
             return list(await asyncio.gather(*(it.future for it in items)))
-        except BaseException:
+        except BaseException as exc:
             for it in items:  # a cancelled or failed request: drop its other pairs too
                 if not it.future.done():
                     it.future.cancel()
+            if isinstance(exc, UnscorablePair):  # name the pair
+                raise UnscorablePair(f"pairs.{_index_of(items, exc)}: {exc}") from None
             raise
 
     async def close(self) -> None:
@@ -326,34 +314,44 @@ class RewardModelBatcher:
                 continue
             pairs = [(it.prompt, it.response) for it in batch]
             try:
-                scores = await compute.arun(
-                    score_pairs, self.model, self.tokenizer, pairs, self.max_length
+                results = await compute.arun(
+                    score_pairs_each, self.model, self.tokenizer, pairs, self.max_length
                 )
             except asyncio.CancelledError:
                 self._fail(batch, "reward-model server is shutting down")
                 raise
-            except Exception as exc:
-                for it in batch:
-                    if not it.future.done():
-                        it.future.set_exception(
-                            RuntimeError(f"reward-model forward failed: {exc!r}")
-                        )
-                continue
+            except Exception as exc:  # a bug outside any one pair
+                results = [RuntimeError(f"reward-model forward failed: {exc!r}")] * len(batch)
             self.forwards += 1
-            self.scored += len(batch)
-            for it, value in zip(batch, scores, strict=True):
-                if not it.future.done():
-                    it.future.set_result(float(value))
+            for it, result in zip(batch, results, strict=True):
+                if it.future.done():
+                    continue
+                if isinstance(result, Exception):
+                    it.future.set_exception(result)
+                else:
+                    self.scored += 1
+                    it.future.set_result(float(result))
 
 
-def create_app(batcher: RewardModelBatcher, model_name: str = "reward-model") -> Any:
-    """The FastAPI app serving ``batcher`` (closed when the app shuts down)."""
+def create_app(
+    batcher: RewardModelBatcher, model_name: str = "reward-model", limits: HTTPLimits | None = None
+) -> Any:
+    """The FastAPI app serving ``batcher`` (closed when the app shuts down).
+
+    Request bodies obey ``limits`` (size: 413, time: 408; `temper.serve.limits`).
+    """
     from fastapi import FastAPI, Request
     from fastapi.responses import JSONResponse, Response
     from starlette.exceptions import HTTPException
+    from starlette.requests import ClientDisconnect
 
-    def error(status: int, message: str, kind: str) -> JSONResponse:
-        return JSONResponse({"error": {"message": message, "type": kind}}, status_code=status)
+    limits = limits or HTTPLimits()
+
+    def error(
+        status: int, message: str, kind: str, headers: dict[str, str] | None = None
+    ) -> JSONResponse:
+        body = {"error": {"message": message, "type": kind}}
+        return JSONResponse(body, status_code=status, headers=headers)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Any) -> AsyncIterator[None]:
@@ -385,11 +383,19 @@ def create_app(batcher: RewardModelBatcher, model_name: str = "reward-model") ->
         # encoding): the per-request work on the event loop is what limits
         # throughput once batching makes the forwards cheap.
         try:
-            pairs = parse_score_request(await request.body())
+            pairs = parse_score_request(await read_body(request, limits))
+        except BodyError as exc:
+            return error(exc.status, exc.message, exc.code, CLOSE)
+        except ClientDisconnect:  # nobody is left to answer
+            return error(400, "client disconnected before sending the body", "invalid_request")
         except ValueError as exc:
             return error(400, f"bad request: {exc}", "invalid_request")
         try:
             scores = await batcher.score(pairs)
+        except UnscorablePair as exc:
+            return error(400, f"bad request: {exc}", "invalid_request")
+        except TooManyPairs as exc:  # can never succeed: not 503, which clients retry
+            return error(413, str(exc), "too_many_pairs")
         except Overloaded as exc:
             return error(503, str(exc), "overloaded")
         except BatcherClosed as exc:
@@ -410,6 +416,7 @@ def start_rm_server(
     max_batch_size: int = 32,
     max_wait_ms: float = 5.0,
     max_queue: int = 1024,
+    limits: HTTPLimits | None = None,
 ) -> tuple[Any, RewardModelBatcher]:
     """Serve a reward model (a path, or a loaded ``(model, tokenizer)``) from a thread.
 
@@ -423,7 +430,8 @@ def start_rm_server(
         *loaded, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, max_queue=max_queue
     )
     name = "reward-model" if isinstance(model, tuple) else str(model)
-    return serve_app_in_thread(create_app(batcher, name), host, port), batcher
+    app = create_app(batcher, name, limits)
+    return serve_app_in_thread(app, host, port, limits=limits), batcher
 
 
 def run_rm_server(
@@ -434,6 +442,7 @@ def run_rm_server(
     max_batch_size: int = 32,
     max_wait_ms: float = 5.0,
     max_queue: int = 1024,
+    limits: HTTPLimits | None = None,
 ) -> None:
     """``temper serve-rm``: load ``model`` and serve it until Ctrl-C."""
     import uvicorn
@@ -453,8 +462,9 @@ def run_rm_server(
     )
     bound = sock.getsockname()[1]
     print(f"temper serve-rm: {model} at http://{host}:{bound}/score", flush=True)
-    config = uvicorn.Config(
-        create_app(batcher, model), log_level="info", timeout_graceful_shutdown=5
+    limits = limits or HTTPLimits()
+    config = uvicorn_config(
+        create_app(batcher, model, limits), limits, log_level="info", timeout_graceful_shutdown=5
     )
     server = uvicorn.Server(config)
     server.run(sockets=[sock])

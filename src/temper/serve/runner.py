@@ -20,6 +20,7 @@ from typing import Any
 
 from temper.engine.base import Engine
 from temper.errors import TemperError
+from temper.serve.limits import HTTPLimits, uvicorn_config
 from temper.serve.openai_server import create_app
 
 
@@ -50,6 +51,11 @@ class ServerHandle:
         if self._thread.is_alive():
             raise RuntimeError(f"server at {self.url} did not stop within {timeout}s")
 
+    @property
+    def open_connections(self) -> int:
+        """HTTP connections the server holds open now (idle keep-alive ones included)."""
+        return len(self._server.server_state.connections)
+
     def __enter__(self) -> ServerHandle:
         return self
 
@@ -70,18 +76,30 @@ def _bind(host: str, port: int) -> socket.socket:
 
 
 def serve_app_in_thread(
-    app: Any, host: str = "127.0.0.1", port: int = 0, *, startup_timeout: float = 30.0
+    app: Any,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    startup_timeout: float = 30.0,
+    limits: HTTPLimits | None = None,
 ) -> ServerHandle:
     """Run any ASGI ``app`` under uvicorn in a daemon thread with its own event loop.
 
     ``port=0`` picks a free port. The socket is bound here, before the thread
     starts, so the port is known and a bind error raises in the caller.
+    Connections whose request head is slower than ``limits.header_timeout_s``
+    are closed (`temper.serve.limits.uvicorn_config`).
     """
     import uvicorn
 
     sock = _bind(host, port)
-    config = uvicorn.Config(
-        app, log_level="warning", timeout_graceful_shutdown=5, lifespan="on", access_log=False
+    config = uvicorn_config(
+        app,
+        limits or HTTPLimits(),
+        log_level="warning",
+        timeout_graceful_shutdown=5,
+        lifespan="on",
+        access_log=False,
     )
     server = uvicorn.Server(config)
     failure: list[BaseException] = []
@@ -116,15 +134,17 @@ def start_server(
     *,
     model_name: str = "temper",
     close_engine: bool = False,
+    limits: HTTPLimits | None = None,
 ) -> ServerHandle:
     """Serve ``engine`` on ``host:port`` (0 = a free port) from a background thread.
 
     Returns once the server accepts connections. The engine runs on the
     server's event loop; with ``close_engine`` it is closed when the server
     stops, otherwise the caller keeps it (and may use it again after `stop()`).
+    ``limits``: body size and read timeouts (`temper.serve.limits.HTTPLimits`).
     """
-    app = create_app(engine, tokenizer, model_name, close_engine=close_engine)
-    return serve_app_in_thread(app, host, port)
+    app = create_app(engine, tokenizer, model_name, close_engine=close_engine, limits=limits)
+    return serve_app_in_thread(app, host, port, limits=limits)
 
 
 def run_server(
@@ -134,6 +154,7 @@ def run_server(
     port: int = 8000,
     *,
     model_name: str | None = None,
+    limits: HTTPLimits | None = None,
 ) -> None:
     """Load ``model`` (a path or "tiny"), build the engine and serve until Ctrl-C.
 
@@ -154,10 +175,11 @@ def run_server(
         sock.close()
         raise
     name = model_name or model
-    app = create_app(engine, tokenizer, name, close_engine=True)
+    limits = limits or HTTPLimits()
+    app = create_app(engine, tokenizer, name, close_engine=True, limits=limits)
     bound = sock.getsockname()[1]
     print(f"temper serve: {name} ({engine_type} engine) at http://{host}:{bound}/v1", flush=True)
-    config = uvicorn.Config(app, log_level="info", timeout_graceful_shutdown=5)
+    config = uvicorn_config(app, limits, log_level="info", timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
     server.run(sockets=[sock])
     if server.should_exit:

@@ -1,0 +1,194 @@
+"""What keeps a server's memory and connections bounded whatever a client sends.
+
+Both servers (`temper serve`, `temper serve-rm`) use these:
+
+- `HTTPLimits`: the largest request body, how long a request's head (request
+  line and headers) may take to arrive, and how long its body may take.
+- `read_body(request, limits)`: the body, read in chunks and refused with
+  `BodyError` (413) as soon as it passes the limit, before it is all in
+  memory; a ``Content-Length`` over the limit is refused before any of the
+  body is read. A body that takes too long is refused with 408.
+- `uvicorn_config(app, limits, ...)`: a uvicorn config whose HTTP protocol
+  closes a connection whose request head has not arrived within the head
+  timeout (counted from the connection's start or the previous response's
+  end). uvicorn itself has no such timeout: a client that sends half a
+  request line and waits held its connection forever.
+- `longest_token_chars(tokenizer)`: the most characters one token can stand
+  for, so a text's minimum token count is known before it is tokenized (a
+  text of more than ``max_tokens * longest_token_chars`` characters has more
+  than ``max_tokens`` tokens).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any
+
+#: Defaults of `HTTPLimits` (and of the ``--max-body-mb``, ``--header-timeout-s``
+#: and ``--body-timeout-s`` flags of both servers).
+DEFAULT_MAX_BODY_MB = 8.0
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+DEFAULT_BODY_TIMEOUT_S = 60.0
+
+
+@dataclass(frozen=True)
+class HTTPLimits:
+    """Per-request limits. ``max_body_bytes``: larger bodies get 413.
+    ``header_timeout_s``: a request head slower than this closes the connection.
+    ``body_timeout_s``: a body not all received this long after its head gets 408."""
+
+    max_body_bytes: int = int(DEFAULT_MAX_BODY_MB * 2**20)
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S
+    body_timeout_s: float = DEFAULT_BODY_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1 or self.header_timeout_s <= 0 or self.body_timeout_s <= 0:
+            raise ValueError(
+                "need max_body_bytes >= 1, header_timeout_s > 0 and body_timeout_s > 0, got "
+                f"{self.max_body_bytes}, {self.header_timeout_s}, {self.body_timeout_s}"
+            )
+
+    @classmethod
+    def from_flags(
+        cls, max_body_mb: float, header_timeout_s: float, body_timeout_s: float
+    ) -> HTTPLimits:
+        """From the servers' command-line flags; `TemperError` (one line) when out of range."""
+        from temper.errors import TemperError
+
+        values = (max_body_mb, header_timeout_s, body_timeout_s)
+        if not all(0 < v < math.inf for v in values):  # also refuses nan
+            raise TemperError(
+                "need finite --max-body-mb > 0, --header-timeout-s > 0 and --body-timeout-s > 0"
+            )
+        return cls(max(1, int(max_body_mb * 2**20)), header_timeout_s, body_timeout_s)
+
+
+class BodyError(Exception):
+    """A request body refused before it was used: ``status`` 413 (too large) or 408 (too slow).
+
+    The response must close the connection (`CLOSE`): the rest of the body was
+    never read, so the connection cannot carry another request.
+    """
+
+    def __init__(self, status: int, message: str, code: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+
+
+#: Headers for a response to a request whose body was not read to the end.
+CLOSE = {"connection": "close"}
+
+
+def _too_large(limits: HTTPLimits) -> BodyError:
+    mb = limits.max_body_bytes / 2**20
+    return BodyError(
+        413,
+        f"request body is larger than the server's limit of {limits.max_body_bytes} bytes "
+        f"({mb:g} MiB; --max-body-mb)",
+        "body_too_large",
+    )
+
+
+async def read_body(request: Any, limits: HTTPLimits) -> bytes:
+    """The whole body of a Starlette ``request``, or `BodyError` past the size or time limit.
+
+    Memory stays within about ``max_body_bytes`` plus one chunk: the reading
+    stops at the first chunk that passes the limit.
+    """
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
+        raise _too_large(limits)
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(limits.body_timeout_s):
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limits.max_body_bytes:
+                    raise _too_large(limits)
+                chunks.append(chunk)
+    except TimeoutError:
+        raise BodyError(
+            408,
+            f"request body not received within {limits.body_timeout_s:g} s (--body-timeout-s)",
+            "body_timeout",
+        ) from None
+    return b"".join(chunks)
+
+
+@functools.lru_cache(maxsize=16)
+def longest_token_chars(tokenizer: Any) -> int:
+    """The length of the longest token string in the vocabulary (at least 1).
+
+    An upper bound on the characters one token covers: byte-level BPE writes
+    one character per byte (and a character is at least one byte),
+    SentencePiece one per character, byte-fallback tokens such as ``<0x41>``
+    more. A normalizer that deletes characters could break the bound; none of
+    the usual ones do.
+    """
+    return max((len(token) for token in tokenizer.get_vocab()), default=1) or 1
+
+
+def _head_deadline_protocol(header_timeout_s: float) -> type:
+    """uvicorn's h11 protocol, plus a deadline for each request's head."""
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class HeadDeadlineH11Protocol(H11Protocol):
+        """Closes the connection when a request head takes over ``header_timeout_s``.
+
+        The clock starts when the connection opens and again when a response
+        ends; it stops when a request head is complete (uvicorn then starts a
+        request cycle). A request in progress is never cut by it: its body has
+        `read_body`'s timeout.
+        """
+
+        _head_timer: asyncio.TimerHandle | None = None
+
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            self._arm_head_timer()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._cancel_head_timer()
+            super().connection_lost(exc)
+
+        def handle_events(self) -> None:
+            cycle = self.cycle
+            super().handle_events()
+            if self.cycle is not cycle:  # a request head arrived
+                self._cancel_head_timer()
+
+        def on_response_complete(self) -> None:
+            # Armed before the base class runs a pipelined request, which cancels it.
+            if not self.transport.is_closing():
+                self._arm_head_timer()
+            super().on_response_complete()
+
+        def _arm_head_timer(self) -> None:
+            self._cancel_head_timer()
+            self._head_timer = self.loop.call_later(header_timeout_s, self._head_timed_out)
+
+        def _cancel_head_timer(self) -> None:
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+
+        def _head_timed_out(self) -> None:
+            self._head_timer = None
+            in_progress = self.cycle is not None and not self.cycle.response_complete
+            if not in_progress and not self.transport.is_closing():
+                self.transport.close()
+
+    return HeadDeadlineH11Protocol
+
+
+def uvicorn_config(app: Any, limits: HTTPLimits, **kwargs: Any) -> Any:
+    """A `uvicorn.Config` for ``app`` whose connections obey ``limits.header_timeout_s``."""
+    import uvicorn
+
+    return uvicorn.Config(app, http=_head_deadline_protocol(limits.header_timeout_s), **kwargs)
