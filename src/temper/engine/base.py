@@ -8,14 +8,38 @@ policy version that produced each token.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
 from temper.errors import ConfigError
 from temper.weights.transport import WeightTransport
 
+if TYPE_CHECKING:
+    import torch
+
 FinishReason = Literal["stop", "length", "abort"]
+
+
+class LogitsProcessor(Protocol):
+    """A per-sample rule that edits the next-token logits before sampling.
+
+    The engine makes one instance per sample (from the factories in
+    `SamplingParams.logits_processors`), calls `apply` on that sample's float32
+    logits row ``[vocab]`` before each draw (edit it in place, e.g. set
+    forbidden tokens to -inf), then `accept` with the token it drew. Both run on
+    the engine's compute thread. The reported logprobs stay those of the raw
+    logits: a processor changes what is sampled, not what the policy says.
+    """
+
+    def apply(self, logits: torch.Tensor) -> None: ...
+
+    def accept(self, token_id: int) -> None: ...
+
+
+#: Builds a fresh `LogitsProcessor` for one sample.
+LogitsProcessorFactory = Callable[[], LogitsProcessor]
 
 
 @dataclass(frozen=True)
@@ -27,6 +51,19 @@ class SamplingParams:
     other requests share the batch. `top_k=0` and `top_p=1.0` disable those
     filters. `ignore_eos` keeps generating past the model's end-of-sequence token
     (benchmarks use it to generate a fixed number of tokens).
+
+    Optional, off by default and free when off:
+
+    - `top_logprobs=k` also returns, per generated token, the k most likely
+      tokens and their raw logprobs (`SampleOutput.top_logprobs`).
+    - `presence_penalty` / `frequency_penalty` (OpenAI semantics) lower the
+      logit of every token already generated in this sample by
+      ``presence + frequency * count``; the prompt does not count.
+    - `logits_processors`: factories of per-sample `LogitsProcessor`s (e.g. a
+      grammar mask), applied after the penalties.
+
+    Penalties and processors shape sampling only: `SampleOutput.logprobs` and
+    `top_logprobs` stay the raw policy logprobs.
     """
 
     n: int = 1
@@ -38,10 +75,19 @@ class SamplingParams:
     stop_strings: tuple[str, ...] = ()
     seed: int | None = None
     ignore_eos: bool = False
+    top_logprobs: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logits_processors: tuple[LogitsProcessorFactory, ...] = ()
 
     def __post_init__(self) -> None:
         if self.n < 1:
             raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
+        for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"SamplingParams.{name} must be finite, got {getattr(self, name)}")
+        if self.top_logprobs < 0:
+            raise ValueError(f"SamplingParams.top_logprobs must be >= 0, got {self.top_logprobs}")
         if self.temperature < 0:
             raise ValueError(f"SamplingParams.temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
@@ -55,10 +101,16 @@ class SamplingParams:
         # Accept lists from callers but store tuples so params stay hashable.
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         object.__setattr__(self, "stop_strings", tuple(self.stop_strings))
+        object.__setattr__(self, "logits_processors", tuple(self.logits_processors))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def shapes_logits(self) -> bool:
+        """Whether penalties or processors edit the logits before sampling."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.logits_processors)
 
 
 @dataclass
@@ -74,6 +126,8 @@ class SampleOutput:
     `retokenized` is True when the ids are not the sampled ones but the
     re-encoding of returned text (an endpoint that does not return token ids);
     such samples are fine to score, not to train on.
+    `top_logprobs[i]` (only when `SamplingParams.top_logprobs` > 0) maps the
+    most likely token ids at position i to their raw logprobs.
     """
 
     token_ids: list[int]
@@ -82,6 +136,7 @@ class SampleOutput:
     policy_versions: list[int] = field(default_factory=list)
     stop_reason: int | str | None = None
     retokenized: bool = False
+    top_logprobs: list[dict[int, float]] | None = None
 
 
 @dataclass

@@ -9,6 +9,10 @@ rules as the native engine (`temper.engine.requests.StopChecker`): the output
 is cut right after the first stop token or stop string, and the stop token is
 kept.
 
+Penalties and logits processors (`SamplingParams.shapes_logits`) run as one HF
+``LogitsProcessor`` over the per-sample processors of `temper.engine.sampling`;
+top-logprob alternatives come from the same raw logits as the logprobs.
+
 Seeding uses ``torch.manual_seed(seed)`` before the call, i.e. the global torch
 RNG: a seeded request is reproducible, but its samples depend on n and are not
 the same stream as the native engine's.
@@ -32,6 +36,7 @@ from temper.engine.base import (
     SamplingParams,
 )
 from temper.engine.requests import StopChecker, eos_token_ids, validate_prompt
+from temper.engine.sampling import row_processors, top_alternatives
 from temper.errors import TemperError
 from temper.weights.transport import WeightTransport
 
@@ -114,6 +119,8 @@ class HFEngine(EngineDefaults):
             extra["stopping_criteria"] = self._stop_string_criteria(
                 len(prompt), params.stop_strings
             )
+        if params.shapes_logits:
+            extra["logits_processor"] = _shaping_processor(len(prompt), params)
         ids = torch.tensor([prompt] * params.n, dtype=torch.long)
         with self._lock, torch.inference_mode():
             version = self.version
@@ -138,6 +145,11 @@ class HFEngine(EngineDefaults):
             self._finish(prompt, new[i].tolist(), logprobs[i].tolist(), params, stop_ids, version)
             for i in range(params.n)
         ]
+        if params.top_logprobs:
+            wanted = [params.top_logprobs] * params.n
+            steps = [top_alternatives(torch.log_softmax(s.float(), -1), wanted) for s in out.logits]
+            for i, sample in enumerate(samples):
+                sample.top_logprobs = [steps[t][i] for t in range(len(sample.token_ids))]
         return GenerationResult(list(prompt), samples)
 
     def _stop_string_criteria(self, prompt_len: int, stop_strings: tuple[str, ...]) -> Any:
@@ -166,3 +178,24 @@ class HFEngine(EngineDefaults):
         """Cut a raw HF row at the first stop and name its finish reason."""
         n, finish, stop = self._stop.cut(len(prompt), tokens, params, stop_ids)
         return SampleOutput(tokens[:n], logprobs[:n], finish, [version] * n, stop)
+
+
+def _shaping_processor(prompt_len: int, params: SamplingParams) -> Any:
+    """An HF logits processor running each row's penalties and processors: it
+    first reports the row's newest token to them, then lets them edit the row."""
+    from transformers import LogitsProcessor, LogitsProcessorList
+
+    rows = [row_processors(params) for _ in range(params.n)]
+
+    class _Shaping(LogitsProcessor):
+        def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            scores = scores.float().clone()
+            fed = input_ids.shape[1] > prompt_len
+            for i, procs in enumerate(rows):
+                for proc in procs:
+                    if fed:
+                        proc.accept(int(input_ids[i, -1]))
+                    proc.apply(scores[i])
+            return scores
+
+    return LogitsProcessorList([_Shaping()])

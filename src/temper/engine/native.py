@@ -69,7 +69,7 @@ from temper.engine.requests import (
     eos_token_ids,
     validate_prompt,
 )
-from temper.engine.sampling import stream_key
+from temper.engine.sampling import row_processors, stream_key
 from temper.engine.worker import EngineStats, Step, StepResult, StepRunner
 from temper.errors import ModelLoadError, TemperError
 from temper.weights.transport import WeightTransport
@@ -383,6 +383,7 @@ class NativeEngine(EngineDefaults):
                 "key": [s.key for s in rows],
                 "ctr": [len(s.tokens) for s in rows],
                 "params": [s.request.params for s in rows],
+                "procs": [s.processors for s in rows],
                 "stop": [s.request.stop_ids for s in rows],
             }
         self._pending_moves, self._move_len, self._dirty = ([], []), 0, bool(admitted)
@@ -400,8 +401,10 @@ class NativeEngine(EngineDefaults):
                     key = int(torch.randint(0, 2**62, (1,), generator=self._rng))
                 else:
                     key = stream_key(seed, i)
-                rows.append(Sequence(req, i, key, len(req.prompt)))
+                seq = Sequence(req, i, key, len(req.prompt), processors=row_processors(req.params))
+                rows.append(seq)
                 step.prefill_keys.append(key)
+                step.prefill_processors.append(seq.processors)
         return step
 
     def _steps_ahead(self) -> int:
@@ -429,6 +432,8 @@ class NativeEngine(EngineDefaults):
         for row, (seq, toks, lps) in enumerate(rows):
             seq.tokens.extend(toks)
             seq.logprobs.extend(lps)
+            if out.top is not None and seq.request.params.top_logprobs:
+                seq.top.extend(out.top[row])
             seq.versions.extend(versions)
             seq.length += steps
             req = seq.request

@@ -62,6 +62,10 @@ class Sequence:
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     versions: list[int] = field(default_factory=list)
+    #: This sample's logits processors (penalties, grammar), run by the worker.
+    processors: list[Any] = field(default_factory=list)
+    #: Top-logprob alternatives per token (only with params.top_logprobs > 0).
+    top: list[dict[int, float]] = field(default_factory=list)
 
 
 @dataclass(eq=False)
@@ -92,6 +96,7 @@ class Request:
             finish_reason=reason,
             policy_versions=seq.versions,
             stop_reason=stop_reason,
+            top_logprobs=seq.top if self.params.top_logprobs else None,
         )
         self.pending -= 1
         if self.pending == 0 and not self.future.done():

@@ -10,15 +10,20 @@ the batch. Unseeded requests get a key drawn from one shared
 first token whose cumulative (filtered, tempered) probability exceeds ``u``.
 
 The returned logprob is always the raw model logprob, ``log_softmax(logits)``
-at the chosen token, before temperature and filters.
+at the chosen token, before temperature, filters, penalties and logits
+processors. Those (`SamplingParams.shapes_logits`) act on a copy of the logits
+that only the draw sees (`shaped_logits`); rows without them cost nothing.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from temper.engine.base import LogitsProcessor, SamplingParams
 
 _MASK64 = (1 << 64) - 1
 _GAMMA = 0x9E3779B97F4A7C15
@@ -100,16 +105,92 @@ def _filtered_sample(scaled: torch.Tensor, params: RowParams, u: torch.Tensor) -
     return order.gather(1, pick.unsqueeze(1)).squeeze(1)
 
 
+class PenaltyProcessor:
+    """OpenAI presence/frequency penalties over the tokens this sample generated.
+
+    ``logits[t] -= presence + frequency * count(t)`` for every token t generated
+    so far (count > 0); the prompt does not count.
+    """
+
+    def __init__(self, presence: float, frequency: float) -> None:
+        self.presence = presence
+        self.frequency = frequency
+        self.counts: dict[int, int] = {}
+
+    def apply(self, logits: torch.Tensor) -> None:
+        if not self.counts:
+            return
+        ids = torch.tensor(list(self.counts), dtype=torch.int64)
+        counts = torch.tensor(list(self.counts.values()), dtype=logits.dtype)
+        logits.index_add_(0, ids, -(self.presence + self.frequency * counts))
+
+    def accept(self, token_id: int) -> None:
+        self.counts[token_id] = self.counts.get(token_id, 0) + 1
+
+
+def row_processors(params: SamplingParams) -> list[LogitsProcessor]:
+    """Fresh per-sample processors for ``params``: penalties first, then its own."""
+    out: list[LogitsProcessor] = []
+    if params.presence_penalty or params.frequency_penalty:
+        out.append(PenaltyProcessor(params.presence_penalty, params.frequency_penalty))
+    out.extend(factory() for factory in params.logits_processors)
+    return out
+
+
+def shaped_logits(
+    logits: torch.Tensor, processors: Sequence[Sequence[LogitsProcessor]]
+) -> torch.Tensor | None:
+    """A copy of ``logits [B, V]`` with each row's processors applied, or None
+    when no row has any (then sampling uses the raw logits, at no cost)."""
+    if not any(processors):
+        return None
+    shaped = logits.clone()
+    for row, procs in enumerate(processors):
+        for proc in procs:
+            proc.apply(shaped[row])
+    return shaped
+
+
+def accept_tokens(processors: Sequence[Sequence[LogitsProcessor]], tokens: torch.Tensor) -> None:
+    """Tell each row's processors which token the row drew."""
+    if not any(processors):
+        return
+    ids = tokens.tolist()
+    for row, procs in enumerate(processors):
+        for proc in procs:
+            proc.accept(ids[row])
+
+
+def top_alternatives(logprobs: torch.Tensor, wanted: Sequence[int]) -> list[dict[int, float]]:
+    """Per row, the ``wanted[row]`` most likely token ids with their logprobs."""
+    k = max(wanted)
+    vals, ids = logprobs.topk(k, dim=-1)
+    vals_l, ids_l = vals.tolist(), ids.tolist()
+    return [dict(zip(ids_l[r][:n], vals_l[r][:n], strict=True)) for r, n in enumerate(wanted)]
+
+
 def sample(
-    logits: torch.Tensor, params: RowParams, u: torch.Tensor | None
+    logits: torch.Tensor,
+    params: RowParams,
+    u: torch.Tensor | None,
+    shaped: torch.Tensor | None = None,
+    logprobs: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Pick one token per row of float32 ``logits [B, V]``.
 
     ``u [B]`` holds one uniform number per row (unused for greedy rows; may be
-    None when every row is greedy). Returns ``(token_ids [B] int64,
-    raw_logprobs [B] float32)``.
+    None when every row is greedy). ``shaped``, when given, is what the draw
+    uses instead of ``logits`` (penalties, grammar masks); the returned logprob
+    is that of the raw ``logits`` either way (``logprobs``: their
+    ``log_softmax`` if the caller has it already). Returns ``(token_ids [B]
+    int64, raw_logprobs [B] float32)``.
     """
-    logprobs = torch.log_softmax(logits, dim=-1)
+    if logprobs is None:
+        logprobs = torch.log_softmax(logits, dim=-1)
+    raw = logprobs
+    if shaped is not None:
+        logits = shaped
+        logprobs = torch.log_softmax(shaped, dim=-1)
     if params.all_greedy:
         tokens = logits.argmax(dim=-1)
     else:
@@ -131,5 +212,5 @@ def sample(
                 tokens = torch.where(over, logits.argmax(dim=-1), tokens)
         if params.any_greedy:
             tokens = torch.where(params.temperature == 0, logits.argmax(dim=-1), tokens)
-    chosen = logprobs.gather(1, tokens.unsqueeze(1)).squeeze(1)
+    chosen = raw.gather(1, tokens.unsqueeze(1)).squeeze(1)
     return tokens, chosen

@@ -29,12 +29,20 @@ from typing import Any
 import numpy as np
 import torch
 
+from temper.engine.base import LogitsProcessor
 from temper.engine.kv_cache import SlotKVCache
 from temper.engine.llama_forward import LlamaFamilyModel
 from temper.engine.planning import group_by_length
 from temper.engine.prefix_cache import PrefixCache
 from temper.engine.requests import Request
-from temper.engine.sampling import RowParams, sample, uniforms
+from temper.engine.sampling import (
+    RowParams,
+    accept_tokens,
+    sample,
+    shaped_logits,
+    top_alternatives,
+    uniforms,
+)
 
 #: Padding (in tokens) worth one extra prefill forward; see `group_by_length`.
 PREFILL_OVERHEAD_TOKENS = 32
@@ -52,6 +60,8 @@ class Step:
     rebuild: dict[str, list[Any]] | None = None
     prefill: list[Request] = field(default_factory=list)
     prefill_keys: list[int] = field(default_factory=list)
+    #: Logits processors of each new sample (same order as ``prefill_keys``).
+    prefill_processors: list[list[LogitsProcessor]] = field(default_factory=list)
     reset: bool = False
     #: Decode steps this call may run (1 when it prefills); stops earlier on a
     #: stop token or a driver event.
@@ -67,12 +77,17 @@ class Step:
 
 @dataclass
 class StepResult:
-    """Per-row tokens and raw logprobs of one call (``tokens[row][step]``)."""
+    """Per-row tokens and raw logprobs of one call (``tokens[row][step]``).
+
+    ``top[row][step]`` holds the row's top-logprob alternatives when some row
+    asked for them (`SamplingParams.top_logprobs`), else ``top`` is None.
+    """
 
     tokens: list[list[int]]
     logprobs: list[list[float]]
     versions: list[int]  # weight version of each step
     seconds: float
+    top: list[list[dict[int, float]]] | None = None
 
 
 @dataclass
@@ -134,9 +149,11 @@ class StepRunner:
         cache, w = self.cache, self._w
         b = step.decode_rows
         n_new = sum(r.params.n for r in step.prefill)
+        self._top_rows, self._top_offset = b + n_new, 0
         longest = max(
             [step.decode_len + step.max_steps - 1] + [len(r.prompt) for r in step.prefill]
         )
+        self._top: list[list[dict[int, float]]] | None = None
         with torch.inference_mode():
             with self.lock:
                 if step.saves and self.prefix is not None:
@@ -158,7 +175,7 @@ class StepRunner:
                 out_t, out_lp, versions = self._decode_steps(step)
         seconds = time.perf_counter() - start
         self.stats.compute_seconds += seconds
-        return StepResult(out_t.tolist(), out_lp.tolist(), versions, seconds)
+        return StepResult(out_t.tolist(), out_lp.tolist(), versions, seconds, self._top)
 
     def _first_step(self, step: Step) -> tuple[torch.Tensor, torch.Tensor, int]:
         """One decode step over the running rows plus the prefill of the new prompts."""
@@ -173,7 +190,8 @@ class StepRunner:
                 toks.append(tok)
                 lps.append(lp)
                 self.stats.decode_steps += 1
-            tok, lp = self._prefill(step.prefill, step.prefill_keys, b)
+            self._top_offset = b
+            tok, lp = self._prefill(step, b)
             toks.append(tok)
             lps.append(lp)
             tokens = toks[0] if len(toks) == 1 else torch.cat(toks)
@@ -219,7 +237,31 @@ class StepRunner:
         logits = self.model.decode(w["tok"], w["pos"], self.cache, length, chunks)
         params: RowParams = w["params"]
         u = None if params.all_greedy else torch.from_numpy(uniforms(w["key"], w["ctr"]))
-        return sample(logits, params, u)
+        return self._sample(logits, params, u, w["procs"], w["top"])
+
+    def _sample(
+        self,
+        logits: torch.Tensor,
+        params: RowParams,
+        u: torch.Tensor | None,
+        procs: list[list[LogitsProcessor]],
+        top: list[int],
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`sample` plus the optional extras: logits processors (penalties,
+        grammars) and top-logprob alternatives, collected into ``self._top``."""
+        shaped = shaped_logits(logits, procs)
+        if shaped is None and not any(top):
+            return sample(logits, params, u)  # the default path: no extra work
+        logprobs = torch.log_softmax(logits, dim=-1)
+        tokens, chosen = sample(logits, params, u, shaped, logprobs)
+        accept_tokens(procs, tokens)
+        if any(top):
+            alts = top_alternatives(logprobs, top)
+            if self._top is None:
+                self._top = [[] for _ in range(self._top_rows)]
+            for row, alt in enumerate(alts):
+                self._top[self._top_offset + row].append(alt)
+        return tokens, chosen
 
     def _load_rows(self, rebuild: dict[str, list[Any]]) -> None:
         w = self._w
@@ -231,6 +273,10 @@ class StepRunner:
         w["params"] = RowParams.build(
             [p.temperature for p in ps], [p.top_k for p in ps], [p.top_p for p in ps]
         )
+        # Empty lists when no row uses them: the default path then tests one empty list.
+        procs, top = rebuild["procs"], [p.top_logprobs for p in ps]
+        w["procs"] = procs if any(procs) else []
+        w["top"] = top if any(top) else []
         stops: list[frozenset[int]] = rebuild["stop"]
         width = max(len(s) for s in stops)
         if width:
@@ -250,9 +296,7 @@ class StepRunner:
             if row_version == version and length <= self.cache.position_capacity:
                 self.prefix.add(tokens, *self.cache.read_row(row, length))
 
-    def _prefill(
-        self, requests: list[Request], keys: list[int], first_row: int
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _prefill(self, step: Step, first_row: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Prefill ``requests`` into rows from ``first_row``; sample each sample's first token.
 
         A prompt that shares a prefix with a prefix-cache entry gets those
@@ -260,6 +304,7 @@ class StepRunner:
         grouped by length (`group_by_length`) so padding stays small; each group
         is one forward whose keys/values go to the rows of all the group's samples.
         """
+        requests, keys = step.prefill, step.prefill_keys
         offsets, total = [], 0
         for r in requests:
             offsets.append(total)
@@ -320,7 +365,8 @@ class StepRunner:
         if not row_params.all_greedy:
             key_arr = np.array(keys, dtype=np.uint64)
             u = torch.from_numpy(uniforms(key_arr, np.zeros(len(keys), dtype=np.uint64)))
-        return sample(logits, row_params, u)
+        top = [p.top_logprobs for p in params]
+        return self._sample(logits, row_params, u, step.prefill_processors, top)
 
     def _extend(
         self,
