@@ -17,6 +17,12 @@ filters, as the native engine reports them). Stop strings are not given to vLLM:
 Temper's own `StopChecker` cuts the ids, so the stop rules are the native
 engine's. (vLLM is asked for the stop *token* ids and EOS.)
 
+Optional extras: `top_logprobs=k` becomes vLLM's ``logprobs=k`` (the k best
+plus the sampled token; Temper keeps the k best, by vLLM's rank); presence and
+frequency penalties are vLLM's own (same OpenAI rule, on generated tokens).
+Temper `logits_processors` are refused: vLLM's V1 engine does not take
+per-request Python processors.
+
 Weights: `load_weights` receives a version from a `WeightTransport` and hands the
 tensors to every worker's ``reload_weights`` (in place, checkpoint names). Requests
 in flight are aborted and re-queued first (their samples so far are kept; the
@@ -77,6 +83,7 @@ class _Pending:
     done_ids: list[list[int]] = field(default_factory=list)
     done_logprobs: list[list[float]] = field(default_factory=list)
     done_versions: list[list[int]] = field(default_factory=list)
+    done_top: list[list[dict[int, float]]] = field(default_factory=list)
 
 
 class VLLMEngine(EngineDefaults):
@@ -159,11 +166,14 @@ class VLLMEngine(EngineDefaults):
         prompt = validate_prompt(prompt_token_ids, self.max_context, self.vocab_size)
         if params.stop_strings and self.tokenizer is None:
             raise TemperError("stop_strings need a tokenizer; pass one to VLLMEngine")
+        if params.logits_processors:
+            raise TemperError("VLLMEngine does not run Temper logits_processors")
         loop = self._ensure_driver()
         pending = _Pending(prompt, params, loop.create_future())
         pending.done_ids = [[] for _ in range(params.n)]
         pending.done_logprobs = [[] for _ in range(params.n)]
         pending.done_versions = [[] for _ in range(params.n)]
+        pending.done_top = [[] for _ in range(params.n)]
         self._submit(pending)
         try:
             return await pending.future
@@ -301,6 +311,8 @@ class VLLMEngine(EngineDefaults):
         pending.done_ids[i] += ids
         pending.done_logprobs[i] += _sampled_logprobs(comp, ids)
         pending.done_versions[i] += [version] * len(ids)
+        if pending.params.top_logprobs:
+            pending.done_top[i] += _top_logprobs(comp, ids, pending.params.top_logprobs)
 
     def _result(self, pending: _Pending) -> GenerationResult:
         samples = []
@@ -314,8 +326,11 @@ class VLLMEngine(EngineDefaults):
             if not pending.params.ignore_eos:
                 stop_ids |= self.eos_token_ids
             cut, finish, stop = self._stop.cut(len(pending.prompt), ids, pending.params, stop_ids)
+            top = pending.done_top[i][:cut] if pending.params.top_logprobs else None
             samples.append(
-                SampleOutput(ids[:cut], lps[:cut], finish, versions[:cut], stop_reason=stop)
+                SampleOutput(
+                    ids[:cut], lps[:cut], finish, versions[:cut], stop_reason=stop, top_logprobs=top
+                )
             )
         return GenerationResult(list(pending.prompt), samples)
 
@@ -448,7 +463,9 @@ def _vllm_params(params: SamplingParams, index: int, max_tokens: int, resumes: i
         top_k=params.top_k if params.top_k > 0 else 0,
         max_tokens=max_tokens,
         seed=seed,
-        logprobs=0,
+        logprobs=params.top_logprobs,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
         stop_token_ids=list(params.stop_token_ids),
         ignore_eos=params.ignore_eos,
         stop=list(params.stop_strings) or None,
@@ -466,6 +483,16 @@ def _sampled_logprobs(comp: Any, ids: list[int]) -> list[float]:
         lp = entry.get(tok) if entry else None
         out.append(float(lp.logprob) if lp is not None else float("nan"))
     return out + [float("nan")] * (len(ids) - len(out))
+
+
+def _top_logprobs(comp: Any, ids: list[int], k: int) -> list[dict[int, float]]:
+    """The k best alternatives at each position (vLLM adds the sampled token
+    when it is not among them: dropped here by its rank)."""
+    out: list[dict[int, float]] = []
+    for entry in list(comp.logprobs or [])[: len(ids)]:
+        best = sorted((entry or {}).items(), key=lambda kv: kv[1].rank or k + 1)
+        out.append({int(t): float(lp.logprob) for t, lp in best[:k]})
+    return out + [{} for _ in range(len(ids) - len(out))]
 
 
 class _SoFar:
