@@ -9,8 +9,11 @@ output are parsed with `temper.envs.tools.parse_tool_calls`.
 
 Running it (background thread, `temper serve`) is in `temper.serve.runner`.
 
-Not supported: streaming, top-k logprob alternatives, penalties, logit bias,
-forced tool choice, authentication (any api_key is accepted).
+Also served: ``stream=true`` (`temper.serve.streaming`), top-k logprob
+alternatives, presence/frequency penalties, and grammar-constrained output
+(`temper.serve.grammar`) for ``response_format`` json_object / json_schema and
+a forced ``tool_choice``. Not supported: logit bias, authentication (any
+api_key is accepted).
 """
 
 from __future__ import annotations
@@ -26,16 +29,18 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from temper.engine.base import Engine, GenerationResult, SampleOutput
+from temper.engine.base import Engine, GenerationResult, LogitsProcessorFactory, SampleOutput
 from temper.envs.tools import parse_tool_calls
 from temper.errors import PromptTooLongError, TemperError
 from temper.serve import protocol as P
+from temper.serve.grammar import Grammars
 from temper.serve.limits import CLOSE, BodyError, HTTPLimits, longest_token_chars, read_body
 from temper.serve.protocol import APIError
+from temper.serve.streaming import Stream, StreamChoice, text_pieces
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +58,7 @@ class OpenAIServer:
         self.created = int(time.time())
         # A text longer than this has at least max_context tokens: refused untokenized.
         self.max_chars = engine.max_context * longest_token_chars(tokenizer)
+        self.grammars = Grammars(tokenizer)
 
     # ------------------------------------------------------------------ helpers
     def _check_model(self, model: str) -> None:
@@ -117,27 +123,51 @@ class OpenAIServer:
     def _token_strings(self, ids: list[int]) -> list[str]:
         return [self.tokenizer.decode([t], skip_special_tokens=False) for t in ids]
 
-    def _chat_logprobs(self, sample: SampleOutput) -> dict[str, Any]:
-        """OpenAI chat logprobs: one entry per sampled token (the stop token included)."""
-        content = [
-            {"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": []}
-            for tok, lp in zip(self._token_strings(sample.token_ids), sample.logprobs, strict=True)
-        ]
-        return {"content": content, "refusal": None}
+    def _chat_logprob_entries(self, sample: SampleOutput) -> list[dict[str, Any]]:
+        """OpenAI chat logprobs: one entry per sampled token (the stop token included),
+        with its top alternatives (best first) when the request asked for them."""
+        tops = sample.top_logprobs or [{} for _ in sample.token_ids]
+        entries = []
+        for tok, lp, top in zip(
+            self._token_strings(sample.token_ids), sample.logprobs, tops, strict=True
+        ):
+            alts = [
+                {"token": t, "logprob": v, "bytes": list(t.encode())}
+                for t, v in zip(self._token_strings(list(top)), top.values(), strict=True)
+            ]
+            entries.append(
+                {"token": tok, "logprob": lp, "bytes": list(tok.encode()), "top_logprobs": alts}
+            )
+        return entries
 
-    def _completion_logprobs(self, sample: SampleOutput) -> dict[str, Any]:
-        """Legacy completions logprobs: tokens, token_logprobs, text_offset."""
+    def _completion_logprobs(self, sample: SampleOutput, start: int = 0) -> dict[str, Any]:
+        """Legacy completions logprobs: tokens, token_logprobs, top_logprobs (token
+        string -> logprob per position, with ``logprobs`` > 0), text_offset."""
         tokens = self._token_strings(sample.token_ids)
-        offsets, pos = [], 0
+        offsets, pos = [], start
         for tok in tokens:
             offsets.append(pos)
             pos += len(tok)
+        top = None
+        if sample.top_logprobs is not None:
+            top = [
+                dict(zip(self._token_strings(list(alts)), alts.values(), strict=True))
+                for alts in sample.top_logprobs
+            ]
         return {
             "tokens": tokens,
             "token_logprobs": list(sample.logprobs),
-            "top_logprobs": None,
+            "top_logprobs": top,
             "text_offset": offsets,
         }
+
+    def _completion_logprob_entries(self, sample: SampleOutput) -> list[dict[str, Any]]:
+        """The completions logprobs split per token, for streamed chunks."""
+        whole = self._completion_logprobs(sample)
+        return [
+            {key: None if whole[key] is None else [whole[key][i]] for key in whole}
+            for i in range(len(sample.token_ids))
+        ]
 
     def _message(self, sample: SampleOutput, parse_tools: bool) -> tuple[dict[str, Any], str]:
         """The assistant message for a sample and its OpenAI finish_reason."""
@@ -166,12 +196,31 @@ class OpenAIServer:
         return message, ("tool_calls" if finish == "stop" else finish)
 
     # ------------------------------------------------------------------ endpoints
-    async def chat(self, raw: bytes) -> dict[str, Any]:
+    def _constraint(
+        self, req: P.ChatRequest, tools: list[dict[str, Any]] | None
+    ) -> tuple[LogitsProcessorFactory, ...]:
+        """The grammar processor factories a chat request asks for (none, usually)."""
+        forced = P.forced_tools(req, tools)
+        schema = P.json_schema(req)
+        if forced and schema is not None:
+            raise APIError(
+                "response_format and a forced tool_choice cannot be combined",
+                param="response_format",
+            )
+        if forced:
+            return (self.grammars.tool_call(forced, "tool_choice"),)
+        if schema is not None:
+            return (self.grammars.json_schema(schema, "response_format"),)
+        return ()
+
+    async def chat(self, raw: bytes) -> dict[str, Any] | StreamingResponse:
         req: P.ChatRequest = P.parse_body(raw, P.ChatRequest)
         self._check_model(req.model)
         messages = P.chat_messages(req)
         tools = P.chat_tools(req)
-        want_logprobs = P.check_chat_logprobs(req)
+        want_logprobs, top = P.check_chat_logprobs(req)
+        usage_chunk = P.include_usage(req)
+        constraint = await asyncio.to_thread(self._constraint, req, tools)
         try:
             text = self.tokenizer.apply_chat_template(
                 messages, tools=tools, add_generation_prompt=True, tokenize=False
@@ -184,16 +233,23 @@ class OpenAIServer:
             ) from None
         ids = self._encode(text, special=False, param="messages")
         self._check_fits(ids, "messages")
-        params = P.sampling_params(req, len(ids), self.engine.max_context)
+        params = P.sampling_params(
+            req, len(ids), self.engine.max_context, top_logprobs=top, logits_processors=constraint
+        )
         self._check_ids(list(params.stop_token_ids), "stop_token_ids")
         result = await self._generate(ids, params)
+        if req.stream:
+            return self._chat_stream(result, tools is not None, want_logprobs, usage_chunk)
         choices = []
         for i, sample in enumerate(result.samples):
             message, finish = self._message(sample, parse_tools=tools is not None)
+            logprobs = None
+            if want_logprobs:
+                logprobs = {"content": self._chat_logprob_entries(sample), "refusal": None}
             choice: dict[str, Any] = {
                 "index": i,
                 "message": message,
-                "logprobs": self._chat_logprobs(sample) if want_logprobs else None,
+                "logprobs": logprobs,
                 "finish_reason": finish,
             }
             if req.return_token_ids:
@@ -204,18 +260,44 @@ class OpenAIServer:
             body["prompt_token_ids"] = ids
         return body
 
-    async def completions(self, raw: bytes) -> dict[str, Any]:
+    def _chat_stream(
+        self, result: GenerationResult, parse_tools: bool, want_logprobs: bool, usage: bool
+    ) -> StreamingResponse:
+        choices = []
+        for i, sample in enumerate(result.samples):
+            message, finish = self._message(sample, parse_tools)
+            choice = StreamChoice(
+                index=i,
+                pieces=text_pieces(self.tokenizer, sample.token_ids, self._text(sample)),
+                logprobs=self._chat_logprob_entries(sample) if want_logprobs else None,
+                finish_reason=finish,
+            )
+            if "tool_calls" in message:
+                choice.tool_calls, choice.content = message["tool_calls"], message["content"]
+            choices.append(choice)
+        body = self._envelope("chatcmpl", "chat.completion.chunk", [], [result])
+        events = Stream(_head(body), usage).chat(choices, body["usage"])
+        return StreamingResponse(events, media_type="text/event-stream")
+
+    async def completions(self, raw: bytes) -> dict[str, Any] | StreamingResponse:
         req: P.CompletionRequest = P.parse_body(raw, P.CompletionRequest)
         self._check_model(req.model)
         want_logprobs = P.check_completion_extras(req)
+        usage_chunk = P.include_usage(req)
         prompts = self._completion_prompts(req.prompt)
         for j, ids in enumerate(prompts):
             self._check_fits(ids, "prompt" if len(prompts) == 1 else f"prompt[{j}]")
-        params = [P.sampling_params(req, len(ids), self.engine.max_context) for ids in prompts]
+        top = req.logprobs or 0
+        params = [
+            P.sampling_params(req, len(ids), self.engine.max_context, top_logprobs=top)
+            for ids in prompts
+        ]
         self._check_ids(list(params[0].stop_token_ids), "stop_token_ids")
         results = await asyncio.gather(
             *[self._generate(ids, p) for ids, p in zip(prompts, params, strict=True)]
         )
+        if req.stream:
+            return self._completion_stream(list(results), want_logprobs, usage_chunk)
         choices = []
         for result in results:
             for sample in result.samples:
@@ -230,6 +312,23 @@ class OpenAIServer:
                     choice["stop_reason"] = sample.stop_reason  # vLLM's field: id or string
                 choices.append(choice)
         return self._envelope("cmpl", "text_completion", choices, list(results))
+
+    def _completion_stream(
+        self, results: list[GenerationResult], want_logprobs: bool, usage: bool
+    ) -> StreamingResponse:
+        samples = [s for r in results for s in r.samples]
+        choices = [
+            StreamChoice(
+                index=i,
+                pieces=text_pieces(self.tokenizer, s.token_ids, self._text(s)),
+                logprobs=self._completion_logprob_entries(s) if want_logprobs else None,
+                finish_reason=s.finish_reason,
+            )
+            for i, s in enumerate(samples)
+        ]
+        body = self._envelope("cmpl", "text_completion", [], results)
+        events = Stream(_head(body), usage).completions(choices, body["usage"])
+        return StreamingResponse(events, media_type="text/event-stream")
 
     def _completion_prompts(self, prompt: Any) -> list[list[int]]:
         """Token ids of each prompt: text is encoded (with the tokenizer's special
@@ -276,6 +375,11 @@ class OpenAIServer:
         return {"object": "list", "data": [card]}
 
 
+def _head(body: dict[str, Any]) -> dict[str, Any]:
+    """The fields every chunk of a streamed response repeats."""
+    return {k: body[k] for k in ("id", "object", "created", "model")}
+
+
 def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False)
 
@@ -311,7 +415,7 @@ def create_app(
     app = FastAPI(title="Temper OpenAI-compatible server", lifespan=lifespan)
     app.state.server = server
 
-    async def handle(request: Request, endpoint: Any) -> JSONResponse:
+    async def handle(request: Request, endpoint: Any) -> Response:
         try:
             raw = await read_body(request, limits)
         except BodyError as exc:
@@ -320,7 +424,8 @@ def create_app(
         except ClientDisconnect:  # nobody is left to answer
             return _error(APIError("client disconnected before sending the body"))
         try:
-            return JSONResponse(await endpoint(raw))
+            answer = await endpoint(raw)
+            return answer if isinstance(answer, StreamingResponse) else JSONResponse(answer)
         except APIError as exc:
             return _error(exc)
         except Exception as exc:  # a bug must answer 500, not kill the server
@@ -334,11 +439,11 @@ def create_app(
             )
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request) -> JSONResponse:
+    async def chat_completions(request: Request) -> Response:
         return await handle(request, server.chat)
 
     @app.post("/v1/completions")
-    async def completions(request: Request) -> JSONResponse:
+    async def completions(request: Request) -> Response:
         return await handle(request, server.completions)
 
     @app.get("/v1/models")

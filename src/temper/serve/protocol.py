@@ -6,13 +6,13 @@ with an OpenAI-style message that names the offending parameter. It does no
 rendering, no generation and no HTTP; `temper.serve.openai_server` does.
 
 Unsupported OpenAI features are refused loudly (400 naming the parameter)
-rather than ignored: streaming, penalties, `logit_bias`, `echo`, `suffix`,
-`best_of` > n, top-k alternatives in logprobs, non-text content parts,
-`response_format` other than text, and forced tool choice.
+rather than ignored: `logit_bias`, `echo`, `suffix`, `best_of` > n and
+non-text content parts. Numbers must be finite and in OpenAI's ranges.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -68,6 +68,7 @@ class _Request(BaseModel):
     stop_token_ids: list[int] | None = None  # extension
     seed: int | None = None
     stream: bool | None = False
+    stream_options: dict[str, Any] | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
@@ -112,18 +113,44 @@ def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
         raise APIError(f"invalid {param}: {err['msg']}", param=param) from None
 
 
+#: Most top-logprob alternatives a request may ask for (vLLM's default max_logprobs).
+MAX_TOP_LOGPROBS = 20
+
+
 def _refuse_unsupported(req: _Request) -> None:
-    if req.stream:
-        raise APIError("stream=true is not supported by this server", param="stream")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if getattr(req, name):
-            raise APIError(f"{name} is not supported by this server", param=name)
     if req.logit_bias:
         raise APIError("logit_bias is not supported by this server", param="logit_bias")
+    for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
+        value = getattr(req, name)
+        if value is not None and not math.isfinite(value):
+            raise APIError(f"{name} must be a finite number, got {value}", param=name)
+    for name in ("presence_penalty", "frequency_penalty"):
+        value = getattr(req, name)
+        if value is not None and not -2 <= value <= 2:
+            raise APIError(f"{name} must be in [-2, 2], got {value}", param=name)
+
+
+def include_usage(req: _Request) -> bool:
+    """Whether a streamed response ends with a usage chunk (``stream_options``)."""
+    if req.stream_options is None:
+        return False
+    if not req.stream:
+        raise APIError("stream_options is only allowed with stream=true", param="stream_options")
+    value = req.stream_options.get("include_usage", False)
+    if not isinstance(value, bool):
+        raise APIError(
+            "stream_options.include_usage must be a boolean", param="stream_options.include_usage"
+        )
+    return value
 
 
 def sampling_params(
-    req: ChatRequest | CompletionRequest, prompt_len: int, max_context: int
+    req: ChatRequest | CompletionRequest,
+    prompt_len: int,
+    max_context: int,
+    *,
+    top_logprobs: int = 0,
+    logits_processors: tuple[Any, ...] = (),
 ) -> SamplingParams:
     """`SamplingParams` for a validated request whose prompt has `prompt_len` tokens.
 
@@ -162,6 +189,10 @@ def sampling_params(
         stop_token_ids=tuple(req.stop_token_ids or ()),
         stop_strings=tuple(stops),
         seed=req.seed,
+        top_logprobs=top_logprobs,
+        presence_penalty=req.presence_penalty or 0.0,
+        frequency_penalty=req.frequency_penalty or 0.0,
+        logits_processors=logits_processors,
     )
 
 
@@ -203,8 +234,6 @@ def chat_messages(req: ChatRequest) -> list[dict[str, Any]]:
     "developer" becomes "system"; text-part lists become strings; an assistant
     message may have no content when it has tool calls.
     """
-    if req.response_format and req.response_format.get("type", "text") != "text":
-        raise APIError("only response_format type 'text' is supported", param="response_format")
     if not req.messages:
         raise APIError("messages must be a non-empty list", param="messages")
     out: list[dict[str, Any]] = []
@@ -237,15 +266,9 @@ def chat_messages(req: ChatRequest) -> list[dict[str, Any]]:
 def chat_tools(req: ChatRequest) -> list[dict[str, Any]] | None:
     """The request's tools (OpenAI function schemas), or None when tools are off.
 
-    `tool_choice` "none" renders no tools; a forced choice ("required" or a
-    named function) is refused, since sampling cannot be constrained here.
+    `tool_choice` "none" renders no tools; see `forced_tools` for the forced kinds.
     """
     choice = req.tool_choice
-    if choice is not None and choice not in ("auto", "none"):
-        raise APIError(
-            "tool_choice must be 'auto' or 'none' (forced tool calls are not supported)",
-            param="tool_choice",
-        )
     if not req.tools or choice == "none":
         return None
     for i, tool in enumerate(req.tools):
@@ -258,29 +281,84 @@ def chat_tools(req: ChatRequest) -> list[dict[str, Any]] | None:
     return list(req.tools)
 
 
-def check_chat_logprobs(req: ChatRequest) -> bool:
-    """Whether to return logprobs; refuses top alternatives the engine does not compute."""
-    if req.top_logprobs:
+def forced_tools(req: ChatRequest, tools: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    """The tools one of which the reply must call: all of them for "required",
+    the named one for ``{"type": "function", "function": {"name": ...}}``, none
+    for "auto"/"none"/absent."""
+    choice = req.tool_choice
+    if choice is None or choice in ("auto", "none"):
+        return []
+    if choice == "required":
+        if not tools:
+            raise APIError("tool_choice 'required' needs a non-empty tools list", param="tools")
+        return tools
+    name = choice.get("function", {}).get("name") if isinstance(choice, dict) else None
+    if (
+        not isinstance(choice, dict)
+        or choice.get("type") != "function"
+        or not isinstance(name, str)
+    ):
         raise APIError(
-            "top_logprobs > 0 is not supported: the engine returns the sampled token's "
-            "logprob only (use logprobs=true with top_logprobs=0)",
-            param="top_logprobs",
+            "tool_choice must be 'auto', 'none', 'required' or "
+            "{'type': 'function', 'function': {'name': ...}}",
+            param="tool_choice",
         )
-    return bool(req.logprobs)
+    named = [t for t in tools or [] if t["function"]["name"] == name]
+    if not named:
+        raise APIError(f"tool_choice names {name!r}, which is not in tools", param="tool_choice")
+    return named[:1]
+
+
+def json_schema(req: ChatRequest) -> dict[str, Any] | None:
+    """The JSON schema the reply must follow (``response_format``), or None for text.
+
+    ``json_object`` is any JSON object; ``json_schema`` takes
+    ``{"json_schema": {"name": ..., "schema": {...}}}``.
+    """
+    fmt = req.response_format
+    kind = None if fmt is None else fmt.get("type", "text")
+    if kind in (None, "text"):
+        return None
+    if kind == "json_object":
+        return {"type": "object"}
+    if kind == "json_schema":
+        spec = fmt.get("json_schema") if isinstance(fmt, dict) else None
+        schema = spec.get("schema", {}) if isinstance(spec, dict) else None
+        if not isinstance(schema, dict):
+            raise APIError(
+                "response_format.json_schema must be {'name': ..., 'schema': {...}}",
+                param="response_format.json_schema",
+            )
+        return schema
+    raise APIError(
+        f"response_format.type must be 'text', 'json_object' or 'json_schema', got {kind!r}",
+        param="response_format.type",
+    )
+
+
+def check_chat_logprobs(req: ChatRequest) -> tuple[bool, int]:
+    """Whether to return logprobs, and how many top alternatives per token."""
+    top = req.top_logprobs or 0
+    if not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise APIError(
+            f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {top}", param="top_logprobs"
+        )
+    if top and not req.logprobs:
+        raise APIError("top_logprobs needs logprobs=true", param="top_logprobs")
+    return bool(req.logprobs), top
 
 
 def check_completion_extras(req: CompletionRequest) -> bool:
-    """Refuse echo/suffix/best_of; return whether to include logprobs."""
+    """Refuse echo/suffix/best_of; return whether to include logprobs (``req.logprobs``
+    alternatives per token)."""
     if req.echo:
         raise APIError("echo=true is not supported by this server", param="echo")
     if req.suffix:
         raise APIError("suffix is not supported by this server", param="suffix")
     if req.best_of is not None and req.best_of != req.n:
         raise APIError("best_of other than n is not supported", param="best_of")
-    if req.logprobs:
+    if req.logprobs is not None and not 0 <= req.logprobs <= MAX_TOP_LOGPROBS:
         raise APIError(
-            "logprobs > 0 is not supported: the engine returns the sampled token's logprob "
-            "only (use logprobs=0)",
-            param="logprobs",
+            f"logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {req.logprobs}", param="logprobs"
         )
     return req.logprobs is not None
