@@ -126,3 +126,16 @@ def test_config_path_builds_exact_and_json_schema():
         RewardComponentConfig.model_validate(
             {"type": "json_schema", "schema": {}, "schema_field": "s"}
         )
+
+
+def test_json_schema_hostile_completions_score_zero():
+    # Deep nesting (json.loads: RecursionError), a 5,000-digit integer (json.loads:
+    # ValueError about int conversion) and NaN all score 0 as "does not parse".
+    texts = ["[" * 1000, "[" * 100_000, '{"name": "a", "age": ' + "9" * 5000 + "}", "NaN"]
+    results = run(JSONSchemaReward(SCHEMA), texts)
+    assert [r.score for r in results] == [0.0] * 4
+    assert [r.components["parses"] for r in results] == [0.0] * 4
+    deep_schema = run(
+        JSONSchemaReward(schema_field="schema"), ["{}"], columns={"schema": "[" * 5000}
+    )
+    assert deep_schema[0].score == 0.0 and "bad schema" in deep_schema[0].error

@@ -330,3 +330,12 @@ def test_end_to_end_on_the_tiny_model_with_the_openai_client(tokenizer):
     # A prompt beyond the judge's context is refused by the server and recorded, not retried.
     assert too_long.score == 0.0 and "HTTP 400" in too_long.error
     assert "model context is 512 tokens" in too_long.error and "1 attempt(s)" in too_long.error
+
+
+def test_parse_score_skips_hostile_json_blobs():
+    # A 5,000-digit score in JSON is not a number json.loads can give back; the plain
+    # "Score: 7" after it still counts, and nothing raises.
+    text = '{"score": ' + "9" * 5000 + "} Score: 7"
+    assert parse_score(text, 0, 10) == 7
+    with pytest.raises(JudgeError):
+        parse_score('{"score": ' + "9" * 5000 + "}", 0, 10)

@@ -6,10 +6,10 @@ answer) and `JSONSchemaReward` (JSON valid against a schema).
 
 from __future__ import annotations
 
-import json
 import re
 from typing import Any
 
+from temper import safe_json
 from temper.errors import ConfigError
 from temper.rewards.answers import extract_boxed, find_last_boxed
 from temper.rewards.base import RewardInput, RewardResult
@@ -169,7 +169,7 @@ class JSONSchemaReward:
             raise ValueError(f"task {item.task.id!r} has no column {self.schema_field!r}")
         schema = item.task.columns[self.schema_field]
         if isinstance(schema, str):
-            schema = json.loads(schema)
+            schema = safe_json.loads(schema)
         if not isinstance(schema, dict):
             raise ValueError(f"column {self.schema_field!r} is not a JSON schema object")
         self._validator_cls(schema).check_schema(schema)
@@ -181,8 +181,9 @@ class JSONSchemaReward:
         except (ValueError, self._jsonschema.SchemaError) as exc:
             return RewardResult(score=0.0, error=f"bad schema: {exc}")
         try:
-            value = json.loads(extract_json_text(item.completion_text))
-        except ValueError:
+            # safe_json: model output is untrusted (deep nesting, huge numbers, NaN).
+            value = safe_json.loads(extract_json_text(item.completion_text))
+        except safe_json.JSONInputError:
             return RewardResult(score=0.0, components={self.name: 0.0, "parses": 0.0})
         valid = self._validator_cls(schema)(schema).is_valid(value)
         score = 1.0 if valid else 0.0

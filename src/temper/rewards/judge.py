@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from temper import safe_json
 from temper.data.base import Task
 from temper.rewards.base import RewardInput, RewardResult
 from temper.serve.client import ChatClient, ChatClientError, Send
@@ -131,8 +132,8 @@ def _short(text: str, n: int = 80) -> str:
 def _json_field(text: str, keys: Sequence[str]) -> Any:
     for blob in reversed(_JSON.findall(text)):
         try:
-            obj = json.loads(blob)
-        except json.JSONDecodeError:
+            obj = safe_json.loads(blob)  # the judge's reply is untrusted text
+        except safe_json.JSONInputError:
             continue
         for key in keys:
             if isinstance(obj, dict) and key in obj:
