@@ -513,3 +513,27 @@ def check_engine_episodes(inner: Any, tokenizer: Any) -> None:
                 text = tokenizer.decode(traj.response_ids[end:start])
                 assert "<tool_response>" in text and text.endswith("<|im_start|>assistant\n")
     assert reasons <= {"stop", "length"}
+
+
+def test_a_raising_tool_call_parser_becomes_an_error_observation() -> None:
+    tokenizer = make_tokenizer("tiny")
+    engine = ScriptedEngine(tokenizer, [call("add", a=2, b=3), "\\boxed{5}"])
+    seen: list[str] = []
+
+    def fragile(text: str):
+        seen.append(text)
+        if "<tool_call>" in text:
+            raise KeyError("arguments")
+        return [], []
+
+    groups = run(
+        run_episodes(
+            engine, lambda task: CalcEnv(), [TASK], tokenizer, GREEDY, group_size=2, parser=fragile
+        )
+    )
+    for traj in groups[0]:
+        assert traj.finish_reason == "done" and traj.env_error is None and traj.reward == 1.0
+        tool_msgs = [m["content"] for m in traj.messages if m["role"] == "tool"]
+        assert tool_msgs == ["error: the tool-call parser raised KeyError: 'arguments'"]
+        assert traj.env_metrics["tool_error_parser_error"] == 1.0
+    assert len(seen) == 4

@@ -17,7 +17,8 @@ The trajectory is built from ids only, never from re-tokenised text:
 So at every turn the engine's input equals the trajectory's ids so far. The
 episode ends when the env says done or a limit (`EpisodeLimits`) is hit; the
 reason is the trajectory's `finish_reason`. Env exceptions end the episode
-with "env_error" and the reason in `env_error`; they are never raised.
+with "env_error" and the reason in `env_error`; they are never raised. A
+tool-call parser that raises becomes a "parser_error" parse error of that turn.
 Engine errors and a first observation too long for the context are raised.
 """
 
@@ -260,7 +261,7 @@ async def _play(
         if finish is not None:
             ep.finish = finish
             return
-        calls, errors = parser(text)
+        calls, errors = _parse(parser, text)
         turn = AssistantTurn(
             text, list(sample.token_ids), calls, errors, sample.finish_reason, index
         )
@@ -280,6 +281,17 @@ async def _play(
             return
         ep.add_observation(obs, result.observation)
     ep.finish = "max_turns"
+
+
+def _parse(parser: ToolCallParser, text: str) -> tuple[list[ToolCall], list[ToolCallError]]:
+    """The parser's reading of a turn; a parser that raises gives one "parser_error"
+    (the env answers it like any unparseable call, an ``error: ...`` observation),
+    so a bad parser costs that turn its calls, not the episode or its group."""
+    try:
+        return parser(text)
+    except Exception as exc:
+        message = f"the tool-call parser raised {type(exc).__name__}: {exc}"
+        return [], [ToolCallError("parser_error", message.splitlines()[0], 0, text)]
 
 
 async def run_episodes(
