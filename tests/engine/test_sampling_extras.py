@@ -124,3 +124,36 @@ def test_nan_sampling_params_are_refused():
             SamplingParams(**{field: float("nan")})
     with pytest.raises(ValueError, match="top_logprobs"):
         SamplingParams(top_logprobs=-1)
+
+
+def test_native_generate_stream_yields_tokens_then_the_result(model):
+    engine = NativeEngine(model, load_tokenizer("tiny"))
+    # A stop string makes the engine run one step per call: one update per token.
+    params = SamplingParams(
+        n=2, seed=3, max_new_tokens=12, ignore_eos=True, stop_strings=("\u2603",), top_logprobs=2
+    )
+
+    async def go():
+        updates = [u async for u in engine.generate_stream(PROMPT, params)]
+        plain = await engine.generate(PROMPT, params)
+        # Closing a stream after its first update cancels the request.
+        stream = engine.generate_stream(PROMPT, params)
+        await anext(stream)
+        await stream.aclose()
+        await asyncio.sleep(0.2)
+        idle = not engine._rows and not engine._waiting
+        await engine.close()
+        return updates, plain, idle
+
+    updates, plain, idle = asyncio.run(go())
+    *steps, last = updates
+    assert last.result is not None and all(u.result is None for u in steps)
+    assert engine.abilities.stream
+    for i, sample in enumerate(last.result.samples):
+        mine = [u for u in steps if u.sample == i]
+        assert len(mine) == 12  # one update per token
+        assert [t for u in mine for t in u.token_ids] == sample.token_ids
+        assert [x for u in mine for x in u.logprobs] == sample.logprobs
+        assert [x for u in mine for x in u.top_logprobs] == sample.top_logprobs
+        assert sample.token_ids == plain.samples[i].token_ids
+    assert idle

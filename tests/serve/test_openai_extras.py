@@ -243,3 +243,40 @@ def test_non_finite_numbers_are_400s(server, name, value):
     error = r.json()["error"]
     assert error["type"] == "invalid_request_error"
     assert "\n" not in error["message"]
+
+
+@pytest.mark.parametrize("engine_type", ["native", "hf"])
+def test_streamed_text_stops_where_the_stop_string_starts(engine_type):
+    # Greedy, the prompt continues " digits of 222350?": the stream must hold back "3"
+    # and "35" (they may start the stop string) and never send text past it. The HF
+    # engine does not stream tokens: its samples are sent whole, to the same text.
+    tokenizer = load_tokenizer("tiny")
+    engine = build_engine(engine_type, load_model("tiny"), tokenizer)
+    handle = start_server(engine, tokenizer, "127.0.0.1", 0, model_name="tiny")
+    try:
+        client = openai.OpenAI(base_url=handle.base_url, api_key="x", max_retries=0, timeout=60)
+        request = dict(model="tiny", prompt="The cat sat on the", temperature=0, max_tokens=16)
+        for stop in ("350", "?"):
+            whole = client.completions.create(**request, stop=stop).choices[0]
+            assert whole.finish_reason == "stop" and stop not in whole.text
+            pieces = [
+                c.choices[0].text
+                for c in client.completions.create(**request, stop=stop, stream=True)
+                if c.choices
+            ]
+            assert "".join(pieces) == whole.text
+            sent = sum(1 for p in pieces if p)
+            assert sent > 1 if engine_type == "native" else sent == 1
+    finally:
+        handle.stop()
+
+
+def test_closing_a_stream_early_cancels_the_generation(server, client):
+    stream = client.chat.completions.create(
+        model="tiny", messages=USER, max_tokens=400, seed=2, stream=True, stop=["\u2603"]
+    )
+    next(iter(stream))
+    stream.close()
+    # The server keeps serving; the abandoned request does not hold its rows forever.
+    r = client.chat.completions.create(model="tiny", messages=USER, max_tokens=4, seed=1)
+    assert r.choices[0].message.content is not None

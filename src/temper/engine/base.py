@@ -9,7 +9,7 @@ policy version that produced each token.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
@@ -147,6 +147,20 @@ class GenerationResult:
     samples: list[SampleOutput]
 
 
+@dataclass
+class TokenUpdate:
+    """What `StreamingEngine.generate_stream` yields: the tokens sample `sample`
+    drew since its last update (with their raw logprobs and, when asked, top
+    alternatives), or, last of all, the whole `result` (then the other fields
+    are empty)."""
+
+    sample: int = 0
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[dict[int, float]] | None = None
+    result: GenerationResult | None = None
+
+
 @dataclass(frozen=True)
 class EngineAbilities:
     """What an engine can do beyond `generate` and `close`.
@@ -162,12 +176,15 @@ class EngineAbilities:
     - `sleep`: `sleep()` frees weights and KV cache until `wake_up()` (vLLM on a
       GPU shared with the trainer).
     - `metrics`: `metrics()` reports per-step counters worth logging.
+    - `stream`: the engine is a `StreamingEngine`: `generate_stream` yields
+      tokens as they are sampled.
     """
 
     weight_updates: bool = True
     release_memory: bool = False
     sleep: bool = False
     metrics: bool = False
+    stream: bool = False
 
 
 @runtime_checkable
@@ -225,6 +242,18 @@ class Engine(Protocol):
 
     async def close(self) -> None:
         """Stop background work and free memory."""
+        ...
+
+
+class StreamingEngine(Engine, Protocol):
+    """An engine with `abilities.stream`: it can report tokens as they are sampled."""
+
+    def generate_stream(
+        self, prompt_token_ids: Sequence[int], params: SamplingParams
+    ) -> AsyncIterator[TokenUpdate]:
+        """`generate`, yielding each sample's new tokens after every engine step and
+        then the `GenerationResult` (the same one `generate` returns). Closing the
+        iterator early cancels the request."""
         ...
 
 

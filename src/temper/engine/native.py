@@ -49,7 +49,7 @@ import ctypes
 import secrets
 import threading
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from collections.abc import Sequence as Seq
 from pathlib import Path
 from typing import Any
@@ -58,7 +58,13 @@ import numpy as np
 import torch
 
 from temper import compute
-from temper.engine.base import EngineAbilities, EngineDefaults, GenerationResult, SamplingParams
+from temper.engine.base import (
+    EngineAbilities,
+    EngineDefaults,
+    GenerationResult,
+    SamplingParams,
+    TokenUpdate,
+)
 from temper.engine.llama_forward import LlamaFamilyModel
 from temper.engine.planning import attention_chunks
 from temper.engine.prefix_cache import PrefixCache
@@ -101,7 +107,7 @@ class NativeEngine(EngineDefaults):
     CPU; without it, or where it cannot be built, decode runs in PyTorch ops.
     """
 
-    abilities = EngineAbilities(weight_updates=True, release_memory=True)
+    abilities = EngineAbilities(weight_updates=True, release_memory=True, stream=True)
 
     def __init__(
         self,
@@ -196,13 +202,17 @@ class NativeEngine(EngineDefaults):
 
     # ------------------------------------------------------------------ public API
     async def generate(
-        self, prompt_token_ids: Seq[int], params: SamplingParams
+        self,
+        prompt_token_ids: Seq[int],
+        params: SamplingParams,
+        listener: Callable[[TokenUpdate], None] | None = None,
     ) -> GenerationResult:
         """Generate ``params.n`` samples continuing ``prompt_token_ids``.
 
         Raises `PromptTooLongError` when the prompt leaves no room to generate,
         and `TemperError` for other unusable input (empty prompt, ids outside
         the vocabulary, n above ``max_slots``, stop strings without tokenizer).
+        ``listener`` (see `generate_stream`) gets each step's new tokens.
         """
         if self._closed:
             raise RuntimeError("NativeEngine is closed")
@@ -215,7 +225,7 @@ class NativeEngine(EngineDefaults):
         stop_ids = frozenset(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids |= self.eos_token_ids
-        request = Request(prompt, params, loop.create_future(), stop_ids)
+        request = Request(prompt, params, loop.create_future(), stop_ids, listener=listener)
         self._waiting.append(request)
         self._events += 1
         assert self._wake is not None
@@ -226,6 +236,21 @@ class NativeEngine(EngineDefaults):
             request.future.cancel()  # marks the request aborted; its rows are freed
             self._events += 1
             raise
+
+    async def generate_stream(
+        self, prompt_token_ids: Seq[int], params: SamplingParams
+    ) -> AsyncIterator[TokenUpdate]:
+        """`generate`, yielding each sample's new tokens after every engine call
+        (one or more decode steps), then the result; see `StreamingEngine`."""
+        queue: asyncio.Queue[TokenUpdate | None] = asyncio.Queue()
+        task = asyncio.ensure_future(self.generate(prompt_token_ids, params, queue.put_nowait))
+        task.add_done_callback(lambda _: queue.put_nowait(None))
+        try:
+            while (update := await queue.get()) is not None:
+                yield update
+            yield TokenUpdate(result=await task)
+        finally:
+            task.cancel()
 
     def load_weights(self, transport: WeightTransport, version: int) -> None:
         """Receive ``version`` (HF names, a subset is fine) and copy it into the engine.
@@ -432,8 +457,12 @@ class NativeEngine(EngineDefaults):
         for row, (seq, toks, lps) in enumerate(rows):
             seq.tokens.extend(toks)
             seq.logprobs.extend(lps)
+            top = None
             if out.top is not None and seq.request.params.top_logprobs:
-                seq.top.extend(out.top[row])
+                top = out.top[row]
+                seq.top.extend(top)
+            if seq.request.listener is not None and not seq.request.aborted:
+                seq.request.listener(TokenUpdate(seq.index, list(toks), list(lps), top))
             seq.versions.extend(versions)
             seq.length += steps
             req = seq.request

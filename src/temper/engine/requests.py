@@ -8,12 +8,18 @@ module does no model compute and no scheduling.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Any
 
-from temper.engine.base import FinishReason, GenerationResult, SampleOutput, SamplingParams
+from temper.engine.base import (
+    FinishReason,
+    GenerationResult,
+    SampleOutput,
+    SamplingParams,
+    TokenUpdate,
+)
 from temper.errors import PromptTooLongError, TemperError
 
 
@@ -78,6 +84,8 @@ class Request:
     stop_ids: frozenset[int]
     outputs: list[SampleOutput | None] = field(default_factory=list)
     pending: int = 0
+    #: Called with each `TokenUpdate` as tokens arrive (streaming requests only).
+    listener: Callable[[TokenUpdate], None] | None = None
 
     def __post_init__(self) -> None:
         self.outputs = [None] * self.params.n

@@ -33,14 +33,22 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
-from temper.engine.base import Engine, GenerationResult, LogitsProcessorFactory, SampleOutput
+from temper.engine.base import (
+    Engine,
+    GenerationResult,
+    LogitsProcessorFactory,
+    SampleOutput,
+    SamplingParams,
+    StreamingEngine,
+    TokenUpdate,
+)
 from temper.envs.tools import parse_tool_calls
 from temper.errors import PromptTooLongError, TemperError
 from temper.serve import protocol as P
 from temper.serve.grammar import Grammars
 from temper.serve.limits import CLOSE, BodyError, HTTPLimits, longest_token_chars, read_body
 from temper.serve.protocol import APIError
-from temper.serve.streaming import Stream, StreamChoice, text_pieces
+from temper.serve.streaming import Chunks, chat_events, completion_events, merged, whole
 
 log = logging.getLogger(__name__)
 
@@ -106,10 +114,41 @@ class OpenAIServer:
     async def _generate(self, ids: list[int], params: Any) -> GenerationResult:
         try:
             return await self.engine.generate(ids, params)
-        except PromptTooLongError as exc:
-            raise APIError(str(exc), code="context_length_exceeded") from None
         except (TemperError, ValueError) as exc:
-            raise APIError(f"the engine refused the request: {exc}") from None
+            raise _refusal(exc) from None
+
+    async def _stream(
+        self, prompts: list[list[int]], params: list[SamplingParams]
+    ) -> AsyncIterator[tuple[int, TokenUpdate]]:
+        """Updates of every prompt's generation, tagged with the prompt's index:
+        token by token from a streaming engine, else each result whole. The
+        first update is awaited here, so an engine refusal is still a 4xx."""
+        engine = self.engine
+        if engine.abilities.stream:
+            streaming: StreamingEngine = engine  # type: ignore[assignment]
+            streams = [
+                streaming.generate_stream(i, p) for i, p in zip(prompts, params, strict=True)
+            ]
+        else:
+            streams = [whole(engine, i, p) for i, p in zip(prompts, params, strict=True)]
+        updates = merged(streams)
+        try:
+            first = await anext(updates)
+        except (TemperError, ValueError) as exc:
+            await updates.aclose()
+            raise _refusal(exc) from None
+
+        async def chained() -> AsyncIterator[tuple[int, TokenUpdate]]:
+            try:
+                yield first
+                async for item in updates:
+                    yield item
+            except (TemperError, ValueError) as exc:
+                raise _refusal(exc) from None
+            finally:
+                await updates.aclose()
+
+        return chained()
 
     def _text(self, sample: SampleOutput) -> str:
         """Decoded sample without special tokens, cut before a matched stop string."""
@@ -122,6 +161,30 @@ class OpenAIServer:
 
     def _token_strings(self, ids: list[int]) -> list[str]:
         return [self.tokenizer.decode([t], skip_special_tokens=False) for t in ids]
+
+    def chat_logprobs(self, update: TokenUpdate, start: int) -> dict[str, Any] | None:
+        """Streamed chat logprobs of ``update``'s tokens from ``start`` (None if none)."""
+        if start >= len(update.token_ids):
+            return None
+        top = update.top_logprobs[start:] if update.top_logprobs is not None else None
+        part = SampleOutput(
+            update.token_ids[start:], update.logprobs[start:], "stop", top_logprobs=top
+        )
+        return {"content": self._chat_logprob_entries(part), "refusal": None}
+
+    def completion_logprobs(
+        self, update: TokenUpdate, start: int, offset: int
+    ) -> tuple[dict[str, Any] | None, int]:
+        """Streamed completions logprobs of ``update``'s tokens from ``start``, their
+        first text_offset being ``offset``; also returns the next token's offset."""
+        if start >= len(update.token_ids):
+            return None, offset
+        top = update.top_logprobs[start:] if update.top_logprobs is not None else None
+        part = SampleOutput(
+            update.token_ids[start:], update.logprobs[start:], "stop", top_logprobs=top
+        )
+        lp = self._completion_logprobs(part, offset)
+        return lp, offset + sum(len(t) for t in lp["tokens"])
 
     def _chat_logprob_entries(self, sample: SampleOutput) -> list[dict[str, Any]]:
         """OpenAI chat logprobs: one entry per sampled token (the stop token included),
@@ -160,14 +223,6 @@ class OpenAIServer:
             "top_logprobs": top,
             "text_offset": offsets,
         }
-
-    def _completion_logprob_entries(self, sample: SampleOutput) -> list[dict[str, Any]]:
-        """The completions logprobs split per token, for streamed chunks."""
-        whole = self._completion_logprobs(sample)
-        return [
-            {key: None if whole[key] is None else [whole[key][i]] for key in whole}
-            for i in range(len(sample.token_ids))
-        ]
 
     def _message(self, sample: SampleOutput, parse_tools: bool) -> tuple[dict[str, Any], str]:
         """The assistant message for a sample and its OpenAI finish_reason."""
@@ -237,9 +292,12 @@ class OpenAIServer:
             req, len(ids), self.engine.max_context, top_logprobs=top, logits_processors=constraint
         )
         self._check_ids(list(params.stop_token_ids), "stop_token_ids")
-        result = await self._generate(ids, params)
         if req.stream:
-            return self._chat_stream(result, tools is not None, want_logprobs, usage_chunk)
+            updates = await self._stream([ids], [params])
+            chunks = Chunks(self._head("chatcmpl", "chat.completion.chunk"), usage_chunk)
+            events = chat_events(self, updates, params, tools is not None, want_logprobs, chunks)
+            return StreamingResponse(events, media_type="text/event-stream")
+        result = await self._generate(ids, params)
         choices = []
         for i, sample in enumerate(result.samples):
             message, finish = self._message(sample, parse_tools=tools is not None)
@@ -260,25 +318,6 @@ class OpenAIServer:
             body["prompt_token_ids"] = ids
         return body
 
-    def _chat_stream(
-        self, result: GenerationResult, parse_tools: bool, want_logprobs: bool, usage: bool
-    ) -> StreamingResponse:
-        choices = []
-        for i, sample in enumerate(result.samples):
-            message, finish = self._message(sample, parse_tools)
-            choice = StreamChoice(
-                index=i,
-                pieces=text_pieces(self.tokenizer, sample.token_ids, self._text(sample)),
-                logprobs=self._chat_logprob_entries(sample) if want_logprobs else None,
-                finish_reason=finish,
-            )
-            if "tool_calls" in message:
-                choice.tool_calls, choice.content = message["tool_calls"], message["content"]
-            choices.append(choice)
-        body = self._envelope("chatcmpl", "chat.completion.chunk", [], [result])
-        events = Stream(_head(body), usage).chat(choices, body["usage"])
-        return StreamingResponse(events, media_type="text/event-stream")
-
     async def completions(self, raw: bytes) -> dict[str, Any] | StreamingResponse:
         req: P.CompletionRequest = P.parse_body(raw, P.CompletionRequest)
         self._check_model(req.model)
@@ -293,11 +332,14 @@ class OpenAIServer:
             for ids in prompts
         ]
         self._check_ids(list(params[0].stop_token_ids), "stop_token_ids")
+        if req.stream:
+            updates = await self._stream(prompts, params)
+            chunks = Chunks(self._head("cmpl", "text_completion"), usage_chunk)
+            events = completion_events(self, updates, params, want_logprobs, chunks)
+            return StreamingResponse(events, media_type="text/event-stream")
         results = await asyncio.gather(
             *[self._generate(ids, p) for ids, p in zip(prompts, params, strict=True)]
         )
-        if req.stream:
-            return self._completion_stream(list(results), want_logprobs, usage_chunk)
         choices = []
         for result in results:
             for sample in result.samples:
@@ -312,23 +354,6 @@ class OpenAIServer:
                     choice["stop_reason"] = sample.stop_reason  # vLLM's field: id or string
                 choices.append(choice)
         return self._envelope("cmpl", "text_completion", choices, list(results))
-
-    def _completion_stream(
-        self, results: list[GenerationResult], want_logprobs: bool, usage: bool
-    ) -> StreamingResponse:
-        samples = [s for r in results for s in r.samples]
-        choices = [
-            StreamChoice(
-                index=i,
-                pieces=text_pieces(self.tokenizer, s.token_ids, self._text(s)),
-                logprobs=self._completion_logprob_entries(s) if want_logprobs else None,
-                finish_reason=s.finish_reason,
-            )
-            for i, s in enumerate(samples)
-        ]
-        body = self._envelope("cmpl", "text_completion", [], results)
-        events = Stream(_head(body), usage).completions(choices, body["usage"])
-        return StreamingResponse(events, media_type="text/event-stream")
 
     def _completion_prompts(self, prompt: Any) -> list[list[int]]:
         """Token ids of each prompt: text is encoded (with the tokenizer's special
@@ -346,16 +371,22 @@ class OpenAIServer:
             for j, p in enumerate(prompt)
         ]
 
+    def _head(self, prefix: str, obj: str) -> dict[str, Any]:
+        """The fields every chunk of a streamed response repeats."""
+        return {
+            "id": f"{prefix}-{uuid.uuid4().hex}",
+            "object": obj,
+            "created": int(time.time()),
+            "model": self.model_name,
+        }
+
     def _envelope(
         self, prefix: str, obj: str, choices: list[dict[str, Any]], results: list[GenerationResult]
     ) -> dict[str, Any]:
         prompt_tokens = sum(len(r.prompt_token_ids) for r in results)
         completion_tokens = sum(len(s.token_ids) for r in results for s in r.samples)
         return {
-            "id": f"{prefix}-{uuid.uuid4().hex}",
-            "object": obj,
-            "created": int(time.time()),
-            "model": self.model_name,
+            **self._head(prefix, obj),
             "choices": choices,
             "usage": {
                 "prompt_tokens": prompt_tokens,
@@ -375,9 +406,11 @@ class OpenAIServer:
         return {"object": "list", "data": [card]}
 
 
-def _head(body: dict[str, Any]) -> dict[str, Any]:
-    """The fields every chunk of a streamed response repeats."""
-    return {k: body[k] for k in ("id", "object", "created", "model")}
+def _refusal(exc: TemperError | ValueError) -> APIError:
+    """The 400 for an engine that refused a request."""
+    if isinstance(exc, PromptTooLongError):
+        return APIError(str(exc), code="context_length_exceeded")
+    return APIError(f"the engine refused the request: {exc}")
 
 
 def _json(value: Any) -> str:

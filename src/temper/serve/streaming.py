@@ -1,23 +1,35 @@
 """Server-sent events for ``stream=true``, in OpenAI's chunk format.
 
-The events are built from a finished `GenerationResult`: the engine protocol
-returns whole samples, so the stream starts once the samples are done (the
-client sees the same chunks as from vLLM, but the first one arrives with the
-last). Each sampled token is one chunk carrying its piece of the text (and its
-logprobs when asked); the pieces concatenate to exactly the text of the
-non-streamed response, stop-string cut included (`text_pieces`). A chat reply
-with parsed tool calls streams its content, then the calls, as one chunk each.
+Tokens are sent as the engine samples them when the engine can stream
+(`EngineAbilities.stream`: the native engine reports each step's tokens);
+other engines' samples are sent whole once done. Each chunk carries the new
+piece of text (and the new tokens' logprobs when asked). `TextStream` decides
+what text is safe to send: never a token that ends inside a multi-byte
+character, never text that could be the start of a stop string, never text
+past one. So the pieces concatenate to exactly the non-streamed text for the
+same seed. A chat request with tools is sent at the end instead (its content
+without the tool-call blocks, then the calls as one ``delta.tool_calls``
+chunk): which text is a call is known only once the sample is done.
+
 Every choice ends with a chunk holding its ``finish_reason``; with
-``stream_options.include_usage`` a last chunk with no choices holds the usage;
-``data: [DONE]`` closes the stream.
+``stream_options.include_usage`` every chunk has ``usage: null`` and a last
+chunk with no choices holds the usage; ``data: [DONE]`` closes the stream. An
+engine failure after the first event is sent as one ``data: {"error": ...}``
+event, then ``[DONE]``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import Iterator
-from dataclasses import dataclass
+import logging
+from collections.abc import AsyncIterator
 from typing import Any
+
+from temper.engine.base import GenerationResult, TokenUpdate
+from temper.serve.protocol import APIError
+
+log = logging.getLogger(__name__)
 
 DONE = "data: [DONE]\n\n"
 
@@ -26,96 +38,219 @@ def sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-def text_pieces(tokenizer: Any, token_ids: list[int], text: str) -> list[str]:
-    """One piece of ``text`` per token; the pieces join to exactly ``text``.
+class TextStream:
+    """The text of one sample as its tokens arrive: what can be sent for good."""
 
-    Piece i ends where the decoded first i+1 tokens end, as long as that decode
-    is a prefix of ``text`` (a token that ends mid-character, or text past a
-    stop string, adds nothing until the text catches up); the last piece takes
-    whatever is left.
-    """
-    pieces, sent = [], 0
-    for i in range(len(token_ids)):
-        upto = tokenizer.decode(token_ids[: i + 1], skip_special_tokens=True)
-        end = min(len(upto), len(text))
-        if end > sent and text.startswith(upto[:end]):
-            pieces.append(text[sent:end])
-            sent = end
-        else:
-            pieces.append("")
-    if pieces:
-        pieces[-1] += text[sent:]
-    elif text:
-        pieces.append(text)
-    return pieces
+    def __init__(self, tokenizer: Any, stop_strings: tuple[str, ...]) -> None:
+        self.tokenizer = tokenizer
+        self.stops = stop_strings
+        self.ids: list[int] = []
+        self.sent = ""
+
+    def push(self, ids: list[int]) -> str:
+        """Add sampled ``ids``; return the new text that is safe to send."""
+        self.ids += ids
+        text = self.tokenizer.decode(self.ids, skip_special_tokens=True)
+        for stop in self.stops:  # the text ends where a stop string starts
+            cut = text.find(stop)
+            if cut >= 0:
+                text = text[:cut]
+        end = len(text)
+        while end > len(self.sent) and text[end - 1] == "\ufffd":
+            end -= 1  # a token ending inside a character: wait for the rest
+        end -= max(
+            (k for s in self.stops for k in range(1, len(s)) if text[:end].endswith(s[:k])),
+            default=0,
+        )
+        if end <= len(self.sent) or not text.startswith(self.sent):
+            return ""
+        piece, self.sent = text[len(self.sent) : end], text[:end]
+        return piece
+
+    def rest(self, final: str) -> str:
+        """What is left of the final text (the non-streamed one) after what was sent."""
+        if not final.startswith(self.sent):  # decoding was not prefix-stable: should not happen
+            log.warning("streamed text %r is not a prefix of the final text", self.sent[-40:])
+            return final[len(self.sent) :]
+        return final[len(self.sent) :]
 
 
-@dataclass
-class StreamChoice:
-    """What one choice streams: a piece of text and a logprobs entry per token."""
-
-    index: int
-    pieces: list[str]
-    logprobs: list[Any] | None  # per token, in the endpoint's logprobs format
-    finish_reason: str
-    tool_calls: list[dict[str, Any]] | None = None  # chat only
-    content: str | None = None  # chat with tool calls: the text besides the calls
+async def whole(engine: Any, ids: list[int], params: Any) -> AsyncIterator[TokenUpdate]:
+    """A non-streaming engine's samples as one final update."""
+    yield TokenUpdate(result=await engine.generate(ids, params))
 
 
-class Stream:
-    """Chunk builder for one response: shared id, creation time and model."""
+async def merged(
+    streams: list[AsyncIterator[TokenUpdate]],
+) -> AsyncIterator[tuple[int, TokenUpdate]]:
+    """Updates of several streams as they come, tagged with the stream's index.
+    Closing this iterator closes (so cancels) every stream."""
+    queue: asyncio.Queue[tuple[int, TokenUpdate | BaseException | None]] = asyncio.Queue()
+
+    async def pump(j: int, stream: AsyncIterator[TokenUpdate]) -> None:
+        try:
+            async for update in stream:
+                queue.put_nowait((j, update))
+            queue.put_nowait((j, None))
+        except BaseException as exc:  # handed to the consumer, cancellation included
+            queue.put_nowait((j, exc))
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+
+    tasks = [asyncio.ensure_future(pump(j, s)) for j, s in enumerate(streams)]
+    try:
+        live = len(tasks)
+        while live:
+            j, item = await queue.get()
+            if item is None:
+                live -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield j, item
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class Chunks:
+    """Chunk envelopes for one response: shared id, object, creation time, model."""
 
     def __init__(self, head: dict[str, Any], include_usage: bool) -> None:
         self.head = head
         self.include_usage = include_usage
 
-    def _chunk(self, choices: list[dict[str, Any]]) -> str:
+    def chunk(self, choices: list[dict[str, Any]]) -> str:
         body = {**self.head, "choices": choices}
         if self.include_usage:
             body["usage"] = None
         return sse(body)
 
-    def _end(self, usage: dict[str, Any]) -> Iterator[str]:
+    def end(self, results: list[GenerationResult]) -> list[str]:
+        events = []
         if self.include_usage:
-            yield sse({**self.head, "choices": [], "usage": usage})
-        yield DONE
-
-    def chat(self, choices: list[StreamChoice], usage: dict[str, Any]) -> Iterator[str]:
-        for c in choices:
-            yield self._chunk([_chat(c.index, {"role": "assistant", "content": ""})])
-            if c.tool_calls is not None:
-                if c.content:
-                    yield self._chunk([_chat(c.index, {"content": c.content})])
-                calls = [{"index": j, **call} for j, call in enumerate(c.tool_calls)]
-                lp = {"content": c.logprobs, "refusal": None} if c.logprobs is not None else None
-                yield self._chunk([_chat(c.index, {"tool_calls": calls}, lp)])
-            else:
-                for i, piece in enumerate(c.pieces):
-                    if c.logprobs is None and not piece:
-                        continue
-                    lp = None
-                    if c.logprobs is not None:
-                        lp = {"content": [c.logprobs[i]], "refusal": None}
-                    yield self._chunk([_chat(c.index, {"content": piece}, lp)])
-            yield self._chunk([_chat(c.index, {}, finish=c.finish_reason)])
-        yield from self._end(usage)
-
-    def completions(self, choices: list[StreamChoice], usage: dict[str, Any]) -> Iterator[str]:
-        for c in choices:
-            for i, piece in enumerate(c.pieces):
-                if c.logprobs is None and not piece:
-                    continue
-                lp = c.logprobs[i] if c.logprobs is not None else None
-                yield self._chunk([_text(c.index, piece, lp)])
-            yield self._chunk([_text(c.index, "", None, c.finish_reason)])
-        yield from self._end(usage)
+            prompt = sum(len(r.prompt_token_ids) for r in results)
+            completion = sum(len(s.token_ids) for r in results for s in r.samples)
+            usage = {
+                "prompt_tokens": prompt,
+                "completion_tokens": completion,
+                "total_tokens": prompt + completion,
+            }
+            events.append(sse({**self.head, "choices": [], "usage": usage}))
+        return [*events, DONE]
 
 
-def _chat(
+def chat_choice(
     index: int, delta: dict[str, Any], logprobs: Any = None, finish: str | None = None
 ) -> dict[str, Any]:
     return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
 
 
-def _text(index: int, text: str, logprobs: Any, finish: str | None = None) -> dict[str, Any]:
+def text_choice(index: int, text: str, logprobs: Any, finish: str | None = None) -> dict[str, Any]:
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
+
+
+async def chat_events(
+    server: Any,
+    updates: AsyncIterator[tuple[int, TokenUpdate]],
+    params: Any,
+    parse_tools: bool,
+    want_logprobs: bool,
+    chunks: Chunks,
+) -> AsyncIterator[str]:
+    """The events of a streamed chat completion (``server``: the `OpenAIServer`)."""
+    texts = [TextStream(server.tokenizer, params.stop_strings) for _ in range(params.n)]
+    sent = [0] * params.n  # tokens whose logprobs were sent, per choice
+    result: GenerationResult | None = None
+    try:
+        for i in range(params.n):
+            yield chunks.chunk([chat_choice(i, {"role": "assistant", "content": ""})])
+        async for _, update in updates:
+            if update.result is not None:
+                result = update.result
+            elif not parse_tools:  # with tools, the choice is sent whole at the end
+                i = update.sample
+                piece = texts[i].push(update.token_ids)
+                lp = server.chat_logprobs(update, 0) if want_logprobs else None
+                sent[i] += len(update.token_ids)
+                if piece or lp:
+                    yield chunks.chunk([chat_choice(i, {"content": piece}, lp)])
+        assert result is not None
+        for i, sample in enumerate(result.samples):
+            message, finish = server._message(sample, parse_tools)
+            rest = TokenUpdate(i, sample.token_ids, sample.logprobs, sample.top_logprobs)
+            lp = server.chat_logprobs(rest, sent[i]) if want_logprobs else None
+            if "tool_calls" in message:
+                if message["content"] or lp:
+                    yield chunks.chunk([chat_choice(i, {"content": message["content"] or ""}, lp)])
+                calls = [{"index": j, **call} for j, call in enumerate(message["tool_calls"])]
+                yield chunks.chunk([chat_choice(i, {"tool_calls": calls})])
+            else:
+                piece = texts[i].rest(server._text(sample))
+                if piece or lp:
+                    yield chunks.chunk([chat_choice(i, {"content": piece}, lp)])
+            yield chunks.chunk([chat_choice(i, {}, finish=finish)])
+        for event in chunks.end([result]):
+            yield event
+    except Exception as exc:  # the response has begun: report in the stream
+        yield error_event(exc)
+        yield DONE
+    finally:
+        await updates.aclose()  # type: ignore[attr-defined]
+
+
+async def completion_events(
+    server: Any,
+    updates: AsyncIterator[tuple[int, TokenUpdate]],
+    params: list[Any],
+    want_logprobs: bool,
+    chunks: Chunks,
+) -> AsyncIterator[str]:
+    """The events of a streamed text completion: choice ``j * n + i`` is sample i
+    of prompt j."""
+    n = params[0].n
+    texts = [TextStream(server.tokenizer, p.stop_strings) for p in params for _ in range(n)]
+    sent = [0] * len(texts)
+    offsets = [0] * len(texts)  # text_offset of the next token, per choice
+    results: dict[int, GenerationResult] = {}
+    try:
+        async for j, update in updates:
+            if update.result is not None:
+                results[j] = update.result
+                continue
+            c = j * n + update.sample
+            piece = texts[c].push(update.token_ids)
+            lp = None
+            if want_logprobs:
+                lp, offsets[c] = server.completion_logprobs(update, 0, offsets[c])
+            sent[c] += len(update.token_ids)
+            if piece or lp:
+                yield chunks.chunk([text_choice(c, piece, lp)])
+        ordered = [results[j] for j in range(len(params))]
+        for j, result in enumerate(ordered):
+            for i, sample in enumerate(result.samples):
+                c = j * n + i
+                rest = TokenUpdate(i, sample.token_ids, sample.logprobs, sample.top_logprobs)
+                lp = None
+                if want_logprobs:
+                    lp, offsets[c] = server.completion_logprobs(rest, sent[c], offsets[c])
+                piece = texts[c].rest(server._text(sample))
+                if piece or lp:
+                    yield chunks.chunk([text_choice(c, piece, lp)])
+                yield chunks.chunk([text_choice(c, "", None, sample.finish_reason)])
+        for event in chunks.end(ordered):
+            yield event
+    except Exception as exc:
+        yield error_event(exc)
+        yield DONE
+    finally:
+        await updates.aclose()  # type: ignore[attr-defined]
+
+
+def error_event(exc: Exception) -> str:
+    if isinstance(exc, APIError):
+        return sse(exc.body())
+    log.error("streamed request failed", exc_info=exc)
+    message = f"internal server error: {type(exc).__name__}: {exc}"
+    return sse({"error": {"message": message, "type": "server_error", "param": None, "code": None}})
