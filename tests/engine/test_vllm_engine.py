@@ -20,7 +20,7 @@ from temper import compute
 from temper.engine.base import Engine, SamplingParams
 from temper.engine.native import NativeEngine
 from temper.engine.vllm_engine import VLLMEngine
-from temper.errors import PromptTooLongError
+from temper.errors import PromptTooLongError, TemperError
 from temper.models import load_model, load_tokenizer, resolve_model_path
 from temper.weights import push_weights
 
@@ -214,3 +214,25 @@ def test_a_cancelled_call_is_aborted_in_vllm(engine, tok):
 
     assert run(go()) is False
     assert engine._pending == {}
+
+
+def test_top_logprobs_penalties_and_refused_processors(engine, tok):
+    model = load_model(PATH)
+    prompt = tok("The cat sat on the")["input_ids"]
+    greedy = SamplingParams(temperature=0.0, max_new_tokens=11, ignore_eos=True, top_logprobs=3)
+    out = asyncio.run(engine.generate(prompt, greedy)).samples[0]
+    assert len(out.top_logprobs) == len(out.token_ids)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + out.token_ids])).logits[0]
+    ref = torch.log_softmax(logits[len(prompt) - 1 : -1].float(), -1)
+    for t, alts in enumerate(out.top_logprobs):
+        best = ref[t].topk(3)
+        assert list(alts) == best.indices.tolist()
+        torch.testing.assert_close(torch.tensor(list(alts.values())), best.values, **ENGINE_PARITY)
+    plain = SamplingParams(temperature=0.0, max_new_tokens=11, ignore_eos=True)
+    repeats = asyncio.run(engine.generate(prompt, plain)).samples[0].token_ids
+    penalised = SamplingParams(**{**plain.__dict__, "frequency_penalty": 2.0})
+    fresh = asyncio.run(engine.generate(prompt, penalised)).samples[0].token_ids
+    assert len(set(fresh)) > len(set(repeats))
+    with pytest.raises(TemperError, match="logits_processors"):
+        asyncio.run(engine.generate(prompt, SamplingParams(logits_processors=(object,))))
