@@ -280,3 +280,18 @@ def test_closing_a_stream_early_cancels_the_generation(server, client):
     # The server keeps serving; the abandoned request does not hold its rows forever.
     r = client.chat.completions.create(model="tiny", messages=USER, max_tokens=4, seed=1)
     assert r.choices[0].message.content is not None
+
+
+def test_a_schema_xgrammar_cannot_compile_is_a_400(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model="tiny",
+            messages=USER,
+            max_tokens=4,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "nonsense"}},
+            },
+        )
+    assert info.value.param == "response_format"
+    assert info.value.message.endswith('cannot build a grammar: Unsupported type "nonsense"')

@@ -21,6 +21,7 @@ without it these requests are refused with a 400 that says so.
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -33,6 +34,7 @@ from temper.serve.protocol import APIError
 #: Compiled grammars kept per server (by their JSON key); compiling costs milliseconds
 #: for small vocabularies and more for large ones, and clients repeat their schemas.
 CACHE_SIZE = 64
+_SOURCE_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
 
 
 class GrammarProcessor:
@@ -91,6 +93,7 @@ class Grammars:
                     compiled = build(compiler)
                 except Exception as exc:  # xgrammar's errors for schemas it cannot compile
                     first = (str(exc).splitlines() or [type(exc).__name__])[0]
+                    first = _SOURCE_PREFIX.sub("", first)  # "[time] file.cc:line: "
                     raise APIError(
                         f"{param}: cannot build a grammar: {first}", param=param
                     ) from None
