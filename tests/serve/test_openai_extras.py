@@ -295,3 +295,9 @@ def test_a_schema_xgrammar_cannot_compile_is_a_400(client):
         )
     assert info.value.param == "response_format"
     assert info.value.message.endswith('cannot build a grammar: Unsupported type "nonsense"')
+
+
+def test_an_engine_refusal_of_a_stream_is_a_400_before_any_event(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="tiny", prompt="Hi", n=5000, max_tokens=2, stream=True)
+    assert "max_slots" in info.value.message

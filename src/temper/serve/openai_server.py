@@ -134,9 +134,11 @@ class OpenAIServer:
         updates = merged(streams)
         try:
             first = await anext(updates)
-        except (TemperError, ValueError) as exc:
-            await updates.aclose()
-            raise _refusal(exc) from None
+        except BaseException as exc:
+            await updates.aclose()  # cancels the other prompts' generations
+            if isinstance(exc, TemperError | ValueError):
+                raise _refusal(exc) from None
+            raise
 
         async def chained() -> AsyncIterator[tuple[int, TokenUpdate]]:
             try:
