@@ -185,12 +185,11 @@ def sample(
     ``log_softmax`` if the caller has it already). Returns ``(token_ids [B]
     int64, raw_logprobs [B] float32)``.
     """
-    if logprobs is None:
-        logprobs = torch.log_softmax(logits, dim=-1)
-    raw = logprobs
+    raw = torch.log_softmax(logits, dim=-1) if logprobs is None else logprobs
+    # The raw probabilities serve the draw too, unless penalties or a grammar shaped it.
+    reuse_raw = shaped is None and params.unit_temperature
     if shaped is not None:
         logits = shaped
-        logprobs = torch.log_softmax(shaped, dim=-1)
     if params.all_greedy:
         tokens = logits.argmax(dim=-1)
     else:
@@ -203,7 +202,7 @@ def sample(
         if params.any_top_k or params.any_top_p:
             tokens = _filtered_sample(scaled, params, u32)
         else:
-            probs = logprobs.exp() if params.unit_temperature else torch.softmax(scaled, dim=-1)
+            probs = raw.exp() if reuse_raw else torch.softmax(scaled, dim=-1)
             cdf = probs.cumsum(dim=-1)
             tokens = torch.searchsorted(cdf, (u32 * cdf[:, -1]).unsqueeze(1), right=True)
             tokens = tokens.squeeze(1)
