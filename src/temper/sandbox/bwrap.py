@@ -23,6 +23,7 @@ import tempfile
 import threading
 from pathlib import PurePosixPath
 
+from temper.sandbox._server import empty_dir
 from temper.sandbox.config import WORKDIR, SandboxConfig
 
 log = logging.getLogger("temper.sandbox")
@@ -363,31 +364,36 @@ def _read_inside(root: str, parts: list[str], max_bytes: int) -> bytes | None:
     return data if len(data) <= max_bytes else None
 
 
-def _force_remove(func, path, _exc) -> None:
-    # Code may leave dirs without read/write/exec bits; as their owner (or as
-    # root) we can restore them and retry.
-    os.chmod(os.path.dirname(path), 0o700)
-    if os.path.isdir(path) and not os.path.islink(path):
-        os.chmod(path, 0o700)
-        shutil.rmtree(path)
-    else:
-        func(path)
-
-
-def clear_dir(path: str) -> None:
-    """Remove everything inside ``path`` (links are removed, never followed)."""
-    os.chmod(path, 0o700)
-    for name in os.listdir(path):
-        child = os.path.join(path, name)
-        if os.path.isdir(child) and not os.path.islink(child):
-            shutil.rmtree(child, onerror=_force_remove)
-        else:
-            os.unlink(child)
-
-
-def remove_tree(path: str) -> None:
-    """Delete a scratch dir; logs instead of raising (cleanup must not mask results)."""
+def clear_dir(path: str) -> bool:
+    """Empty the scratch dir ``path`` (links are removed, never followed) and give it
+    back its mode 0700 (the code may have changed it); True when that worked.
+    Never raises (see `_server.empty_dir`)."""
+    if not empty_dir(path):
+        return False
     try:
-        shutil.rmtree(path, onerror=_force_remove)
-    except OSError as e:
-        log.warning("could not remove sandbox scratch dir %s: %s", path, e)
+        os.chmod(path, 0o700)
+    except OSError:
+        return False
+    return True
+
+
+def remove_tree(path: str) -> bool:
+    """Delete a scratch dir, whatever the code left in it; True when it is gone.
+
+    Never raises: clean-up must not mask a result or take down the caller. A
+    dir that cannot be removed is logged (it should not happen: the host owns
+    the dir, or is root)."""
+    if empty_dir(path):
+        try:
+            os.rmdir(path)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError as e:
+            reason = str(e)
+    else:
+        reason = "its contents could not be removed"
+    if not os.path.lexists(path):
+        return True
+    log.warning("could not remove sandbox scratch dir %s: %s", path, reason)
+    return False

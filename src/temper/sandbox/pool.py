@@ -67,8 +67,6 @@ class _Worker:
         self.uses = 0
         #: A ready frame was read since the last request (clean-up finished).
         self.ready = False
-        #: /sandbox holds the last request's files; emptied once ready.
-        self.dirty = False
         self._buf = bytearray()
         req_r, self._req_w = os.pipe()
         self._resp_r, resp_w = os.pipe()
@@ -164,7 +162,8 @@ class SandboxPool(Sandbox):
     def close(self) -> None:
         """Kill the idle workers and delete their scratch dirs; busy ones are
         retired when their call returns."""
-        self._closed = True
+        with self._lock:
+            self._closed = True
         self._finalizer()
         super().close()
 
@@ -193,21 +192,10 @@ class SandboxPool(Sandbox):
             worker = self._idle.pop(0) if self._idle else None
         return worker if worker is not None else self._spawn_worker()
 
-    def _prepare(self, worker: _Worker) -> bool:
-        """Make ``worker`` ready for a request: wait for its ready frame (start-up,
-        or the clean-up after its last request) and empty its scratch dir. False
-        when it did not get there (it is then discarded)."""
-        if not self._wait_ready(worker):
-            return False
-        if worker.dirty:
-            try:
-                clear_dir(worker.scratch)
-            except OSError:
-                return False
-            worker.dirty = False
-        return True
-
     def _wait_ready(self, worker: _Worker) -> bool:
+        """Wait for the worker's ready frame: its start-up, or its clean-up after a
+        request (every other process in it killed, /tmp, /dev/shm and SysV IPC
+        emptied). False when it does not come in time (a stopped or dead server)."""
         if not worker.ready:
             timeout = START_TIMEOUT_S if worker.uses == 0 else CLEAN_TIMEOUT_S
             frame = worker.read_frame(time.monotonic() + timeout)
@@ -215,17 +203,22 @@ class SandboxPool(Sandbox):
         return worker.ready
 
     def _discard(self, worker: _Worker) -> None:
-        worker.kill()
-        remove_tree(worker.scratch)
+        """Kill the whole sandbox and delete its scratch dir (never raises)."""
+        try:
+            worker.kill()
+        finally:
+            remove_tree(worker.scratch)
+
+    def _keep(self, worker: _Worker) -> bool:
+        """Add ``worker`` to the idle list if the pool is open and not full."""
+        with self._lock:  # close() sets _closed under this lock: no worker slips past it
+            keep = not self._closed and len(self._idle) < self.config.pool_size
+            if keep:
+                self._idle.append(worker)
+        return keep
 
     def _release(self, worker: _Worker, reusable: bool) -> None:
-        keep = reusable and worker.uses < self.config.pool_max_uses and not self._closed
-        if keep:
-            with self._lock:
-                keep = len(self._idle) < self.config.pool_size
-                if keep:
-                    self._idle.append(worker)
-        if keep:
+        if reusable and worker.uses < self.config.pool_max_uses and self._keep(worker):
             return
         self._discard(worker)
         # Top the pool up; a new worker starts in the background (Popen only).
@@ -238,8 +231,9 @@ class SandboxPool(Sandbox):
             except (OSError, RuntimeError) as e:
                 log.warning("could not start a warm sandbox worker: %s", e)
                 break  # the next call starts one on demand
-            with self._lock:
-                self._idle.append(fresh)
+            if not self._keep(fresh):
+                self._discard(fresh)
+                break
 
     # ------------------------------------------------------------ one call
 
@@ -250,10 +244,10 @@ class SandboxPool(Sandbox):
             raise SandboxError("SandboxPool is closed")
         for _ in range(3):
             worker = self._acquire()
-            if self._prepare(worker):
+            if self._wait_ready(worker):
                 break
-            # Failed start-up, or the previous request's code killed the server:
-            # nothing of this request ran yet, so another worker may take it.
+            # A worker that failed to start: nothing of this request ran yet,
+            # so another worker may take it.
             self._discard(worker)
         else:
             raise SandboxError("sandbox workers failed to become ready three times")
@@ -261,13 +255,15 @@ class SandboxPool(Sandbox):
         try:
             result, reusable = self._serve(worker, job)
         finally:
+            # Whatever happened, the worker is kept (clean) or killed and its
+            # scratch dir deleted before this call returns.
             self._release(worker, reusable)
         return result
 
     def _serve(self, worker: _Worker, job: Job) -> tuple[SandboxResult, bool]:
-        """Run ``job`` on a prepared worker. Returns the result and whether the
-        worker may serve again (its clean-up is then still pending: the next
-        `_prepare` waits for it, which keeps it off this call's latency)."""
+        """Run ``job`` on a ready worker. Returns the result and whether the worker
+        may serve again: only when, before returning, its server cleaned up (no
+        process of the call is left) and its scratch dir was emptied."""
         cfg = self.config
         write_files(cfg, worker.scratch, job.files)
         request = {
@@ -280,7 +276,7 @@ class SandboxPool(Sandbox):
             "limits": cfg.limits(),
             "cwd": WORKDIR,
         }
-        worker.ready, worker.dirty = False, True
+        worker.ready = False
         worker.uses += 1
         start = time.monotonic()
         try:
@@ -288,28 +284,28 @@ class SandboxPool(Sandbox):
             resp = worker.read_frame(start + cfg.timeout_s + ANSWER_GRACE_S)
         except OSError:
             resp = None
-        alive = resp is not None
-        if alive and job.collect:
-            # Files are read only once nothing untrusted runs: after the
-            # server's clean-up (its ready frame) or once the sandbox is dead.
-            alive = self._wait_ready(worker)
-        if not alive:
+        elapsed = time.monotonic() - start
+        # Nothing the call started may outlive it: wait for the server's
+        # clean-up, or kill the whole sandbox (a stopped or killed server).
+        clean = resp is not None and self._wait_ready(worker)
+        if not clean:
             worker.kill()
+        # Files are read only now that nothing untrusted runs.
         files, missing = collect_files(worker.scratch, job.collect, cfg.max_file_bytes)
+        clean = clean and clear_dir(worker.scratch)
         extra = {"files": files, "missing_files": missing, "isolated": True}
         if resp is None or "error" in resp:
             reason = resp["error"] if resp else "sandbox worker died or did not answer"
-            timed_out = resp is None and time.monotonic() - start >= cfg.timeout_s
             result = SandboxResult(
                 stdout="",
                 stderr="",
                 exit_code=None,
-                timed_out=timed_out,
-                duration_s=time.monotonic() - start,
+                timed_out=resp is None and elapsed >= cfg.timeout_s,
+                duration_s=elapsed,
                 error=reason,
                 **extra,
             )
-            return result, alive
+            return result, clean
         result = SandboxResult.from_output(
             _server.unb64(resp["stdout"]),
             _server.unb64(resp["stderr"]),
@@ -320,4 +316,4 @@ class SandboxPool(Sandbox):
             resp["stderr_truncated"],
             **extra,
         )
-        return result, alive
+        return result, clean
