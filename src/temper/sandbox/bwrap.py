@@ -13,14 +13,17 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import logging
 import os
+import select
 import shutil
 import signal
 import stat
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import PurePosixPath
 
 from temper.sandbox._server import empty_dir
@@ -94,11 +97,16 @@ def _under(path: str, roots: tuple[str, ...]) -> bool:
     return any(path == r or path.startswith(r + "/") for r in roots)
 
 
-def sandbox_argv(cfg: SandboxConfig, bwrap: str, scratch: str) -> list[str]:
+def sandbox_argv(
+    cfg: SandboxConfig, bwrap: str, scratch: str, info_fd: int | None = None
+) -> list[str]:
     """The bwrap arguments (up to and including ``--``) for a sandbox whose
-    writable working dir /sandbox is the host dir ``scratch``."""
+    writable working dir /sandbox is the host dir ``scratch``. With ``info_fd``,
+    bwrap writes ``{"child-pid": N, ...}`` there (the sandbox's pid-1 init, as the
+    host sees it) before the command starts."""
     argv = [
         bwrap,
+        *(["--info-fd", str(info_fd)] if info_fd is not None else []),
         # --unshare-all, but with a user namespace required (not just tried),
         # which --disable-userns needs.
         "--unshare-user",
@@ -229,6 +237,59 @@ def kill_sandbox(proc: subprocess.Popen, grace_s: float = 2.0) -> None:
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def read_init_pid(fd: int, deadline: float) -> int | None:
+    """The init's pid from bwrap's ``--info-fd`` pipe (read to EOF, until
+    ``deadline``); None when bwrap wrote none (it failed to start)."""
+    data = b""
+    while len(data) < 4096:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return None
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    try:
+        pid = json.loads(data)["child-pid"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return pid if isinstance(pid, int) and pid > 0 else None
+
+
+def pin_init(pid: int | None) -> int | None:
+    """A pidfd for the sandbox's init ``pid``, or None when it is already gone.
+    Checks that the pid (if reaped and reused meanwhile) is not in our own pid
+    namespace, so the pidfd is the init's."""
+    if pid is None:
+        return None
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+    try:
+        if os.readlink(f"/proc/{pid}/ns/pid") != os.readlink("/proc/self/ns/pid"):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def await_init(pid_fd: int | None, timeout_s: float = 5.0) -> None:
+    """Wait until the sandbox's init has exited, which the kernel allows only once
+    every other process of its pid namespace is gone; SIGKILL it (and so all of
+    them) if it takes longer than ``timeout_s``. Closes ``pid_fd``."""
+    if pid_fd is None:
+        return
+    try:
+        if not select.select([pid_fd], [], [], timeout_s)[0]:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(pid_fd, signal.SIGKILL)
+            select.select([pid_fd], [], [], timeout_s)
+    finally:
+        os.close(pid_fd)
 
 
 def _children(pid: int) -> list[int]:
