@@ -10,9 +10,10 @@ snippet the sandbox runs; the solution, the tests and a per-run nonce
 (``secrets.token_hex``, made on the host) reach it on stdin, never in a file.
 The harness makes itself non-dumpable (``prctl``), reads its stdin to the end,
 and only then starts the solution in a **separate, freshly exec'd
-interpreter** (the "candidate process"): its stdio point at /dev/null, it
-talks to the harness over two pipes, and ``RLIMIT_NPROC = 0`` keeps it from
-starting any process or thread. The candidate process loads the task's setup
+interpreter** (the "candidate process"): it talks to the harness over two
+pipes, what it prints goes to a third pipe the harness drains (keeping the
+first 16 KiB as evidence, never reading a verdict from it), and
+``RLIMIT_NPROC = 0`` keeps it from starting any process or thread. The candidate process loads the task's setup
 code and the solution into a module namespace (``__name__ != "__main__"``),
 then answers call requests: arguments in, return value out, both as
 type-tagged JSON of plain builtin data (None, bool, int, float, str, bytes,
@@ -27,6 +28,10 @@ the candidate process, waits for it, and writes the verdict (JSON) to
 kills the candidate process fails that test; the process is restarted for the
 next one (a solution that fails to load fails every test).
 
+The verdict also says what the solution was seen doing (`Observed`: it
+exited, returned a non-plain object, what it printed, which files it left),
+the runtime evidence the code env weighs against the static hack detectors.
+
 Hacks this stops (each has a test in tests/rewards/test_code_tests.py):
 
 - ``sys.exit(0)`` / ``os._exit(0)`` / ``raise SystemExit`` at import or inside
@@ -35,8 +40,9 @@ Hacks this stops (each has a test in tests/rewards/test_code_tests.py):
 - Returning an object whose ``__eq__`` is always True (or an ``int``/``str``
   subclass): only exact builtin types cross the pipe, and comparisons run in
   the harness on values it decoded itself.
-- Printing ``PASSED`` / ``all tests passed``: stdout is never read (it is
-  /dev/null in the candidate process).
+- Printing ``PASSED`` / ``all tests passed``: no verdict is ever read from
+  output (what the candidate prints is kept only as evidence for
+  `temper.rewards.code_hacks.confirmed`).
 - Reading the tests or the expected values: they live only in the harness's
   memory (non-dumpable: its /proc/PID/{mem,fd,environ} cannot be opened) and
   were never in a file, in argv, or in the candidate's (exec'd, fresh) memory.
