@@ -95,9 +95,9 @@ def test_leftovers_never_break_clean_up(box, scratch_root, name):
 
 
 def test_nothing_a_call_started_is_alive_when_it_returns(box):
-    tags = [marker() for _ in range(3)]
+    tags = [marker() for _ in range(4)]
     code = f"""
-import os, subprocess
+import os, signal, subprocess
 if os.fork() == 0:                      # double fork: a daemon in its own session
     os.setsid()
     if os.fork() == 0:
@@ -106,6 +106,10 @@ if os.fork() == 0:                      # double fork: a daemon in its own sessi
     os._exit(0)
 subprocess.Popen(["sh", "-c", "trap '' HUP TERM INT; exec sleep {tags[2]}"],
                  start_new_session=True, stdout=subprocess.DEVNULL)
+stopped = subprocess.Popen(["sleep", "{tags[3]}"], start_new_session=True)
+os.kill(stopped.pid, signal.SIGSTOP)    # a stopped process ...
+if os.fork() == 0:
+    os._exit(0)                         # ... and an unreaped zombie
 print("bye")
 """
     result = box.run_python(code)
