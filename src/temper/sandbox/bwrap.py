@@ -360,6 +360,12 @@ def _parts(rel: str) -> list[str]:
     return list(p.parts)
 
 
+def check_paths(paths) -> None:
+    """Raise ValueError for any path that is absolute, has '..', or is empty."""
+    for rel in paths:
+        _parts(rel)
+
+
 def write_files(cfg: SandboxConfig, scratch: str, files: dict[str, str | bytes]) -> None:
     """Write input files (relative paths; parents created), owned by the sandbox
     uid so the code may change or delete them. Called only while no sandboxed

@@ -33,6 +33,7 @@ from temper.sandbox import _server
 from temper.sandbox.bwrap import (
     PATH,
     await_init,
+    check_paths,
     collect_files,
     kill_sandbox,
     launcher,
@@ -120,6 +121,7 @@ def _job(
     if argv is not None and (isinstance(argv, str) or not argv):
         raise ValueError("cmd must be a non-empty list of strings, e.g. ['sh', '-c', 'ls']")
     data = stdin.encode() if isinstance(stdin, str) else (stdin or b"")
+    check_paths([*(files or {}), *(collect or [])])  # before any sandbox is used
     return Job(
         argv=list(argv) if argv is not None else None,
         code=code,

@@ -191,10 +191,15 @@ class Candidate:
         return line
 
     def _dead(self, why=None):
+        own = why is None
+        if own:  # its pipe closed: did it exit by itself, or just close the pipe?
+            try:
+                self.proc.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                own = False
         self.kill()
         rc = self.proc.returncode
-        own = why is None
-        if own:
+        if why is None:
             why = ("was killed by signal %d" % -rc) if rc < 0 else ("exited with code %d" % rc)
         return _Died("the solution's process " + why, own)
 
