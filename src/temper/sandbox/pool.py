@@ -9,14 +9,15 @@ child applies the rlimits to itself and runs the command (exec) or the snippet
 fork on its critical path instead of bwrap plus a new interpreter.
 
 Trade-off (also in docs/sandbox.md): a worker serves up to ``pool_max_uses``
-requests. Between two requests every process but the server is killed, /tmp,
-/dev/shm and SysV IPC are emptied, /sandbox is emptied by the host, and the
-server's memory never holds request data. What a reused worker does *not*
+requests. Before a call returns, every process but the server is killed,
+/tmp, /dev/shm and SysV IPC are emptied, and /sandbox is emptied by the host;
+the server's memory never holds request data. What a reused worker does *not*
 reset is kernel state tied to its namespaces that outlives processes (e.g.
 kernel keyrings): with ``pool_max_uses=1`` every request gets a brand-new
-sandbox and the pool only hides start-up latency. Untrusted code can kill the
-server (same uid); the worker then dies, the call reports ``error``, and the
-pool starts a replacement.
+sandbox and the pool only hides start-up latency. Untrusted code can kill or
+stop the server (same uid); its clean-up report then never comes, the host
+kills the whole worker before the call returns, and the pool starts a
+replacement. A worker whose clean-up fails in any way is replaced the same way.
 
 Without working bubblewrap the pool does not pre-start anything: calls take the
 cold fallback of `Sandbox` (no fork server outside a pid namespace, where its
