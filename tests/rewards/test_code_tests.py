@@ -313,7 +313,7 @@ def test_run_tests_never_raises_whatever_the_solution_leaves(pool, where):
     # working dir and in /tmp; then an innocent solution on the same sandbox.
     code = (
         "import os\nfor top in ('.', '/tmp'):\n    os.chdir(top if top != '.' else '/sandbox')\n"
-        "    for _ in range(2000):\n        os.mkdir('d')\n        os.chdir('d')\n"
+        "    for _ in range(1200):\n        os.mkdir('dddd')\n        os.chdir('dddd')\n"
         "    os.chmod('.', 0)\n" + DOUBLE
     )
     box = Sandbox(timeout_s=8) if where == "cold" else pool
