@@ -205,7 +205,7 @@ def prlimit_argv(cfg: SandboxConfig) -> list[str]:
     ]
 
 
-def kill_sandbox(proc: subprocess.Popen, grace_s: float = 2.0) -> None:
+def kill_sandbox(proc: subprocess.Popen, grace_s: float = 2.0, init_fd: int | None = None) -> None:
     """SIGKILL a running sandbox and wait for its bwrap to exit.
 
     Kills the sandbox's pid-1 init (the outer bwrap's child), which takes every
@@ -214,9 +214,14 @@ def kill_sandbox(proc: subprocess.Popen, grace_s: float = 2.0) -> None:
     as an orphan zombie for the host's pid 1 to reap, and such zombies still
     count against the uid's process limit. Falls back to the whole process
     group when there is no init yet or the outer bwrap does not exit in time.
+    ``init_fd``: a pidfd of the init (`pin_init`), when the caller holds one.
     """
     signalled = False
-    for kid in _children(proc.pid):
+    if init_fd is not None:
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(init_fd, signal.SIGKILL)
+            signalled = True
+    for kid in [] if signalled else _children(proc.pid):
         try:
             fd = os.pidfd_open(kid)
         except OSError:

@@ -30,20 +30,25 @@ import contextlib
 import json
 import os
 import select
+import signal
 import subprocess
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 from temper.sandbox import _server
 from temper.sandbox.bwrap import (
     PATH,
+    await_init,
     clear_dir,
     collect_files,
     kill_sandbox,
     launcher,
     make_scratch,
+    pin_init,
+    read_init_pid,
     remove_tree,
     sandbox_argv,
     write_files,
@@ -63,17 +68,22 @@ CLEAN_TIMEOUT_S = 5.0
 class _Worker:
     """One warm sandbox and its protocol pipes (host side)."""
 
-    def __init__(self, argv: list[str], scratch: str) -> None:
+    def __init__(self, build: Callable[[int], list[str]], scratch: str) -> None:
+        """Start ``build(info_fd)``: the worker's command line, with bwrap's
+        ``--info-fd`` (which tells the pid of the sandbox's init) set to ``info_fd``."""
         self.scratch = scratch
         self.uses = 0
         #: A ready frame was read since the last request (clean-up finished).
         self.ready = False
+        #: A pidfd of the sandbox's init, once `pin` read its pid.
+        self.init_fd: int | None = None
         self._buf = bytearray()
         req_r, self._req_w = os.pipe()
         self._resp_r, resp_w = os.pipe()
+        self._info_r, info_w = os.pipe()
         try:
             self.proc = subprocess.Popen(
-                argv,
+                build(info_w),
                 stdin=req_r,
                 stdout=resp_w,
                 stderr=subprocess.DEVNULL,
@@ -81,14 +91,27 @@ class _Worker:
                 cwd="/",
                 close_fds=True,
                 start_new_session=True,
+                pass_fds=(info_w,),
             )
         except BaseException:
-            os.close(self._req_w)
-            os.close(self._resp_r)
+            for fd in (self._req_w, self._resp_r, self._info_r):
+                os.close(fd)
             raise
         finally:
-            os.close(req_r)
-            os.close(resp_w)
+            for fd in (req_r, resp_w, info_w):
+                os.close(fd)
+
+    def pin(self) -> None:
+        """Hold a pidfd of the sandbox's init (once): killing it kills the whole
+        sandbox, and its exit means every process in it is gone. Reading the pid
+        late is safe: an init that is already reaped has taken everything with it."""
+        if self._info_r < 0:
+            return
+        try:
+            self.init_fd = pin_init(read_init_pid(self._info_r, time.monotonic() + 5.0))
+        finally:
+            os.close(self._info_r)
+            self._info_r = -1
 
     def send(self, obj: dict) -> None:
         _server.write_frame(self._req_w, obj)
@@ -121,10 +144,17 @@ class _Worker:
         return data
 
     def kill(self) -> None:
-        """SIGKILL the whole sandbox and wait for it; idempotent."""
+        """SIGKILL the whole sandbox and return once every process in it is gone
+        (bwrap may exit before its init has finished killing them); idempotent."""
+        self.pin()
         if self.proc.poll() is None:
-            kill_sandbox(self.proc)
+            kill_sandbox(self.proc, init_fd=self.init_fd)
         self.proc.wait()
+        if self.init_fd is not None:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self.init_fd, signal.SIGKILL)
+            await_init(self.init_fd)
+            self.init_fd = None
         for fd in (self._req_w, self._resp_r):
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -174,16 +204,20 @@ class SandboxPool(Sandbox):
         cfg = self.config
         assert self._bwrap is not None
         scratch = make_scratch(cfg)
-        argv = [
-            *launcher(cfg),
-            *sandbox_argv(cfg, self._bwrap, scratch),
-            cfg.python,
-            "-I",
-            "-c",
-            SERVER_SOURCE,
-        ]
+        prefix, bwrap = launcher(cfg), self._bwrap
+
+        def build(info_fd: int) -> list[str]:
+            return [
+                *prefix,
+                *sandbox_argv(cfg, bwrap, scratch, info_fd),
+                cfg.python,
+                "-I",
+                "-c",
+                SERVER_SOURCE,
+            ]
+
         try:
-            return _Worker(argv, scratch)
+            return _Worker(build, scratch)
         except BaseException:
             remove_tree(scratch)
             raise
@@ -201,6 +235,8 @@ class SandboxPool(Sandbox):
             timeout = START_TIMEOUT_S if worker.uses == 0 else CLEAN_TIMEOUT_S
             frame = worker.read_frame(time.monotonic() + timeout)
             worker.ready = bool(frame and frame.get("ready"))
+            if worker.ready and worker.uses == 0:
+                worker.pin()
         return worker.ready
 
     def _discard(self, worker: _Worker) -> None:

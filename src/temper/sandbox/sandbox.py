@@ -332,7 +332,7 @@ class Sandbox:
 
         def kill() -> None:
             if isolated:
-                kill_sandbox(proc)  # the whole pid namespace, and reaps bwrap
+                kill_sandbox(proc, init_fd=init_fd)  # the whole pid namespace; reaps bwrap
             else:
                 with contextlib.suppress(OSError):
                     os.killpg(proc.pid, signal.SIGKILL)
