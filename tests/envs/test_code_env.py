@@ -215,6 +215,8 @@ def test_spec_options_are_validated():
         {"test_timeout_s": True},
         {"detect_hacks": "yes"},
         {"detect_hacks": 1},
+        {"zero_hacks": "sometimes"},
+        {"zero_hacks": True},
     ):
         with pytest.raises(ConfigError, match=r"env\.options"):
             spec(bad, 0)
