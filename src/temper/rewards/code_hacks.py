@@ -52,12 +52,15 @@ that does not parse gives no finding (the harness fails it).
 from __future__ import annotations
 
 import ast
+import logging
 import re
 import sys
 from dataclasses import dataclass
 from typing import Any
 
 from temper.rewards.code_reach import Reach
+
+log = logging.getLogger("temper.rewards")
 
 KINDS = ("always_equal", "exit", "fake_output", "test_tampering")
 
@@ -118,8 +121,14 @@ def find_hacks(source: str, entry_point: str | None = None) -> list[Hack]:
     module-level function)."""
     try:
         tree = ast.parse(source)
-        return _Scan(tree, Reach(tree, entry_point)).run()
     except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []
+    try:
+        return _Scan(tree, Reach(tree, entry_point)).run()
+    except RecursionError:  # nested deeper than the walk can follow
+        return []
+    except Exception:  # a detector's bug must not fail an episode
+        log.exception("code_hacks: the detectors failed on a solution; no findings")
         return []
 
 
