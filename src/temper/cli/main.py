@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -72,20 +73,19 @@ def _add_limit_flags(p: argparse.ArgumentParser) -> None:
         "--max-body-mb",
         type=float,
         default=DEFAULT_MAX_BODY_MB,
-        help=f"larger request bodies get HTTP 413 (default {DEFAULT_MAX_BODY_MB:g} MiB)",
+        help="larger request bodies get HTTP 413 (MiB)",
     )
     p.add_argument(
         "--header-timeout-s",
         type=float,
         default=DEFAULT_HEADER_TIMEOUT_S,
-        help="close a connection whose request head takes longer "
-        f"(default {DEFAULT_HEADER_TIMEOUT_S:g})",
+        help="close a connection whose request head takes longer (seconds)",
     )
     p.add_argument(
         "--body-timeout-s",
         type=float,
         default=DEFAULT_BODY_TIMEOUT_S,
-        help=f"HTTP 408 for a body not received within this (default {DEFAULT_BODY_TIMEOUT_S:g})",
+        help="HTTP 408 for a body not received within this (seconds)",
     )
 
 
@@ -95,17 +95,100 @@ def _limits(args: argparse.Namespace) -> Any:
     return HTTPLimits.from_flags(args.max_body_mb, args.header_timeout_s, args.body_timeout_s)
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Epilogs keep their line breaks; every flag with a real default shows it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        shown = default not in (None, False, argparse.SUPPRESS) and action.option_strings
+        if shown and "%(default)" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose epilog may be built only when help is shown.
+
+    `temper train --help` lists every config key; building that list imports the
+    schema, which the other commands' start-up need not pay for.
+    """
+
+    def __init__(self, *args: Any, epilog_fn: Any = None, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+        self.epilog_fn = epilog_fn
+
+    def format_help(self) -> str:
+        if self.epilog_fn is not None:
+            self.epilog = self.epilog_fn()
+        return super().format_help()
+
+
+def override_keys() -> dict[str, list[str]]:
+    """Each config section and its keys, as dotted overrides name them."""
+    from temper.config.schema import Config
+
+    out: dict[str, list[str]] = {}
+    for name, field in Config.model_fields.items():
+        section = field.annotation
+        out[name] = list(getattr(section, "model_fields", {}))
+    return out
+
+
+def _overrides_epilog(command: str) -> str:
+    lines = [
+        "config overrides:",
+        "  Any config key is a flag: --SECTION.KEY=VALUE or --SECTION.KEY VALUE.",
+        '  The value is a TOML literal (3e-4, true, "text", [1, 2]) or else plain',
+        "  text; overrides apply after CONFIG. Every key, its type and default:",
+        "  docs/config.md; the resolved config: temper config show [CONFIG] [overrides].",
+        "",
+        "examples:",
+        f"  temper {command} configs/arithmetic_grpo.toml --trainer.lr=3e-4",
+        f"  temper {command} --run.name demo2 --orchestrator.steps 50",
+        f"  temper {command} cfg.toml '--log.sinks=[\"tensorboard\"]' --model.path=./ckpt",
+        "",
+        "keys by section:",
+    ]
+    for section, keys in override_keys().items():
+        lines += textwrap.wrap(
+            ", ".join(keys),
+            width=79,
+            initial_indent=f"  {section}.",
+            subsequent_indent=" " * (len(section) + 3),
+        )
+    return "\n".join(lines)
+
+
+def _version() -> str:
+    from temper import __version__
+
+    return f"temper {__version__}"
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="temper", description="RL post-training for LMs.")
-    sub = p.add_subparsers(dest="command", required=True)
-    t = sub.add_parser("train", help="run RL training (no CONFIG: the built-in default run)")
+    p = _Parser(prog="temper", description="RL post-training for LMs.")
+    p.add_argument("--version", action="version", version=_version())
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    t = sub.add_parser(
+        "train",
+        help="run RL training (no CONFIG: the built-in default run)",
+        description="Run RL training. With no CONFIG: the built-in default run\n"
+        "(the tiny model learning arithmetic with GRPO).",
+        epilog_fn=lambda: _overrides_epilog("train"),
+    )
     t.add_argument("config", nargs="?", help="TOML config file")
     t.add_argument(
         "--profile",
         action="store_true",
         help="write a Chrome trace of one step to <run>/profile/ (log.profile_step, else step 1)",
     )
-    e = sub.add_parser("eval", help="evaluate a model or checkpoint on held-out tasks")
+    e = sub.add_parser(
+        "eval",
+        help="evaluate a model or checkpoint on held-out tasks",
+        epilog_fn=lambda: _overrides_epilog("eval"),
+    )
     e.add_argument("config", nargs="?", help="TOML config file")
     e.add_argument("--checkpoint", help="model or checkpoint directory (overrides model.path)")
     e.add_argument("--out", help="write the JSON result here")
@@ -118,19 +201,19 @@ def _parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="sample completions for a prompt")
     g.add_argument("prompt", help="user message")
     g.add_argument("--model", default="tiny", help='model directory or "tiny"')
-    g.add_argument("--n", type=int, default=1)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--max-new-tokens", type=int, default=64)
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--n", type=int, default=1, help="completions to sample")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--max-new-tokens", type=int, default=64, help="length limit of each")
+    g.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
     r = sub.add_parser("report", help="(re)write report.html and plots for a run directory")
-    r.add_argument("run_dir")
+    r.add_argument("run_dir", help="a run directory (holds metrics.jsonl)")
     ins = sub.add_parser("inspect", help="best and worst samples of one step of a run")
-    ins.add_argument("run_dir")
-    ins.add_argument("--step", type=int, required=True)
+    ins.add_argument("run_dir", help="a run directory")
+    ins.add_argument("--step", type=int, required=True, help="training step to show")
     ins.add_argument("--k", type=int, default=3, help="samples shown at each end")
     cmp = sub.add_parser("compare", help="two runs side by side: metrics and config diff")
-    cmp.add_argument("run_a")
-    cmp.add_argument("run_b")
+    cmp.add_argument("run_a", help="first run directory")
+    cmp.add_argument("run_b", help="second run directory")
     rp = sub.add_parser(
         "replay", help="re-run a run's env on recorded episodes; check observations and rewards"
     )
@@ -144,25 +227,28 @@ def _parser() -> argparse.ArgumentParser:
         dest="engine",
         default="native",
         choices=["native", "hf", "vllm"],
+        help="generation engine",
     )
-    sv.add_argument("--host", default="127.0.0.1")
-    sv.add_argument("--port", type=int, default=8000)
-    sv.add_argument("--served-model-name", default=None, help="model id clients send")
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    sv.add_argument("--port", type=int, default=8000, help="port to listen on")
+    sv.add_argument(
+        "--served-model-name", default=None, help="model id clients send (default: --model)"
+    )
     _add_limit_flags(sv)
     rm = sub.add_parser("serve-rm", help="serve a reward model (POST /score) with dynamic batching")
     rm.add_argument(
         "model", help='directory of a one-label sequence-classification model, or "tiny-rm"'
     )
-    rm.add_argument("--host", default="127.0.0.1")
-    rm.add_argument("--port", type=int, default=8001)
-    rm.add_argument("--max-batch-size", type=int, default=32)
-    rm.add_argument("--max-wait-ms", type=float, default=5.0)
+    rm.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    rm.add_argument("--port", type=int, default=8001, help="port to listen on")
+    rm.add_argument("--max-batch-size", type=int, default=32, help="pairs scored in one forward")
+    rm.add_argument("--max-wait-ms", type=float, default=5.0, help="wait this long to fill a batch")
     rm.add_argument("--max-queue", type=int, default=1024, help="queued pairs before HTTP 503")
     _add_limit_flags(rm)
     d = sub.add_parser("dash", help="live web dashboard over the run directories in RUNS_DIR")
-    d.add_argument("runs_dir", nargs="?", default="runs", help="folder of runs (default: runs)")
-    d.add_argument("--host", default="127.0.0.1")
-    d.add_argument("--port", type=int, default=8765)
+    d.add_argument("runs_dir", nargs="?", default="runs", help="folder of runs")
+    d.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    d.add_argument("--port", type=int, default=8765, help="port to listen on")
     return p
 
 
