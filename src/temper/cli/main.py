@@ -161,6 +161,28 @@ def _overrides_epilog(command: str) -> str:
     return "\n".join(lines)
 
 
+def _add_config_parser(sub: Any) -> None:
+    c = sub.add_parser("config", help="show the resolved config")
+    csub = c.add_subparsers(
+        dest="config_command", required=True, parser_class=_Parser, help="what to do"
+    )
+    show = csub.add_parser(
+        "show",
+        help="print the resolved config (CONFIG and overrides over the defaults) as TOML",
+        description="Print the resolved config as TOML: the defaults, then CONFIG, then\n"
+        "the overrides; relative paths are shown resolved. Unset keys are left out.",
+        epilog_fn=lambda: _overrides_epilog("config show"),
+    )
+    show.add_argument("config", nargs="?", help="TOML config file")
+
+
+def cmd_config(args: argparse.Namespace, overrides: list[str]) -> int:
+    from temper.config import dump_config, load_config
+
+    print(dump_config(load_config(args.config, overrides)), end="")
+    return 0
+
+
 def _version() -> str:
     from temper import __version__
 
@@ -245,6 +267,7 @@ def _parser() -> argparse.ArgumentParser:
     rm.add_argument("--max-wait-ms", type=float, default=5.0, help="wait this long to fill a batch")
     rm.add_argument("--max-queue", type=int, default=1024, help="queued pairs before HTTP 503")
     _add_limit_flags(rm)
+    _add_config_parser(sub)
     d = sub.add_parser("dash", help="live web dashboard over the run directories in RUNS_DIR")
     d.add_argument("runs_dir", nargs="?", default="runs", help="folder of runs")
     d.add_argument("--host", default="127.0.0.1", help="address to listen on")
@@ -456,6 +479,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_serve_rm(args, overrides)
         if args.command == "dash":
             return cmd_dash(args, overrides)
+        if args.command == "config":
+            return cmd_config(args, overrides)
         return cmd_report(args)
     except TemperError as err:
         print(f"temper: error: {err}", file=sys.stderr)
