@@ -212,7 +212,11 @@ def _parser() -> argparse.ArgumentParser:
         epilog_fn=lambda: _overrides_epilog("eval"),
     )
     e.add_argument("config", nargs="?", help="TOML config file")
-    e.add_argument("--checkpoint", help="model or checkpoint directory (overrides model.path)")
+    e.add_argument(
+        "--checkpoint",
+        help="model or checkpoint directory (overrides model.path); with no CONFIG, a "
+        "runs/X/checkpoints/step_N is evaluated on run X's config.toml (its data, env, reward)",
+    )
     e.add_argument("--out", help="write the JSON result here")
     e.add_argument(
         "--suite",
@@ -298,14 +302,24 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     return 0
 
 
+def _eval_config(args: argparse.Namespace, overrides: list[str]) -> Any:
+    """CONFIG, else the config of the run that wrote --checkpoint, else the default run."""
+    from temper.config.load import load_config, load_run_config, run_config_path
+
+    run_config = run_config_path(args.checkpoint) if args.checkpoint else None
+    if args.config is None and run_config is not None:
+        print(f"config: {run_config} (the checkpoint's run)", file=sys.stderr)
+        return load_run_config(run_config, overrides)
+    return load_config(args.config, overrides)
+
+
 def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> int:
-    from temper.config import load_config
     from temper.eval.report import print_eval_table
     from temper.eval.run import run_eval
 
     if args.checkpoint:
         overrides = [*overrides, f"model.path={json.dumps(args.checkpoint)}"]
-    cfg = load_config(args.config, overrides)
+    cfg = _eval_config(args, overrides)
     result = asyncio.run(run_eval(cfg, args.suite, args.suite_path))
     print_eval_table(result)
     if args.out:
@@ -353,7 +367,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from temper.config.load import load_config
+    from temper.config.load import load_run_config
     from temper.envs.registry import build_env_spec
     from temper.envs.replay import replay_episode
     from temper.monitor.sinks import read_jsonl
@@ -364,7 +378,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     config_path = path.parent.parent / "config.toml"
     if not config_path.is_file():
         raise ConfigError(f"{path} is not inside a run directory (no {config_path})")
-    cfg = load_config(config_path)
+    cfg = load_run_config(config_path)
     if not cfg.env.enabled:
         raise ConfigError(f"{config_path.parent} is a single-turn run: there is no env to replay")
     records = read_jsonl(path)

@@ -190,8 +190,16 @@ def config_from_dict(data: dict[str, Any]) -> Config:
         raise ConfigError(f"invalid config: {format_validation_error(err)}") from None
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Read `path` (or the embedded default when None) and apply `overrides`."""
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    relative_to: Path | None = None,
+) -> Config:
+    """Read `path` (or the embedded default when None) and apply `overrides`.
+
+    Relative paths in the file are read against `relative_to`, by default the
+    file's folder.
+    """
     data: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -213,11 +221,31 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
                 f"offset {err.start})"
             ) from None
         data = _parse_toml(text, f"config file {p}")
-        resolve_paths(data, p.absolute().parent)
+        resolve_paths(data, relative_to or p.absolute().parent)
     for text in overrides or []:
         keys, value = parse_override(text)
         apply_override(data, keys, _resolved_override(keys, value))
     return config_from_dict(data)
+
+
+def run_config_path(checkpoint: str | Path) -> Path | None:
+    """The config.toml of the run that wrote `checkpoint` (<run>/checkpoints/step_N), if any."""
+    path = Path(checkpoint)
+    if path.parent.name != "checkpoints":
+        return None
+    config = path.parent.parent / "config.toml"
+    return config if config.is_file() else None
+
+
+def load_run_config(config_toml: str | Path, overrides: list[str] | None = None) -> Config:
+    """A run directory's config.toml, as the run used it.
+
+    A run writes its resolved config, whose paths are absolute since file paths
+    are resolved on load; a run written before that kept paths relative to the
+    directory it was started from, so relative ones are read against the
+    working directory, not against the run directory.
+    """
+    return load_config(config_toml, overrides, relative_to=Path.cwd())
 
 
 def dump_config(cfg: Config) -> str:
