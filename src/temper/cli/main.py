@@ -233,9 +233,13 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
     r = sub.add_parser("report", help="(re)write report.html and plots for a run directory")
     r.add_argument("run_dir", help="a run directory (holds metrics.jsonl)")
-    ins = sub.add_parser("inspect", help="best and worst samples of one step of a run")
+    ins = sub.add_parser(
+        "inspect", help="a run's saved steps, or the best and worst samples of one step"
+    )
     ins.add_argument("run_dir", help="a run directory")
-    ins.add_argument("--step", type=int, required=True, help="training step to show")
+    ins.add_argument(
+        "--step", type=int, default=None, help="training step to show (default: list every step)"
+    )
     ins.add_argument("--k", type=int, default=3, help="samples shown at each end")
     cmp = sub.add_parser("compare", help="two runs side by side: metrics and config diff")
     cmp.add_argument("run_a", help="first run directory")
@@ -353,9 +357,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from temper.monitor.inspect import inspect_step
+    from temper.monitor.inspect import inspect_step, list_steps
 
-    print(inspect_step(args.run_dir, args.step, args.k))
+    if args.step is None:
+        print(list_steps(args.run_dir))
+    else:
+        print(inspect_step(args.run_dir, args.step, args.k))
     return 0
 
 
