@@ -347,6 +347,9 @@ def test_failed_runs_are_not_selected_and_every_run_has_its_own_colour(page, tmp
         )
         assert len(colours) == 30 and len(set(colours)) == 30
         page.screenshot("thirty-runs")
+        # Leave the page before this server goes away, so it stops polling it.
+        page.send("Page.navigate", url="about:blank")
+        page.wait_for("location.href === 'about:blank' && document.readyState === 'complete'")
 
 
 def test_trajectory_browser_single_turn(page, server, runs):
