@@ -222,3 +222,20 @@ def test_load_reward_function_broken_file(tmp_path):
     path.write_text("def f(:\n")
     with pytest.raises(TemperError, match=r"importing .* failed: SyntaxError"):
         load_reward_function(f"{path}:f")
+
+
+def test_the_category_column_reaches_reward_functions(tmp_path):
+    from temper.data.datasets import load_tasks
+
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"question": "1+1?", "answer": "2", "subject": "sums"}\n')
+    [task] = load_tasks(path, prompt_field="question", category_field="subject")
+    assert task.category == "sums"
+    seen = {}
+
+    def by_subject(prompts, completions, subject):
+        seen["subject"] = subject
+        return [1.0]
+
+    asyncio.run(TRLRewardFunction(by_subject).score([RewardInput(task, "1+1?", "2")]))
+    assert seen == {"subject": ["sums"]}
