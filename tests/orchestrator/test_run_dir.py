@@ -115,9 +115,7 @@ def test_resume_without_a_checkpoint_fails_and_auto_starts_clean(tmp_path, capsy
 
 
 @pytest.mark.slow
-def test_resume_says_so_records_a_changed_config_and_cleans_partial_checkpoints(
-    tmp_path, capsys
-):
+def test_resume_says_so_records_a_changed_config_and_cleans_partial_checkpoints(tmp_path, capsys):
     run = tmp_path / "r"
     assert _train(tmp_path, "r") == 0  # 1 step, checkpoint at the end
     capsys.readouterr()
@@ -191,7 +189,7 @@ def test_sigint_writes_a_final_checkpoint_and_resume_never_repeats_a_step(tmp_pa
             break
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
+    _out, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-2000:]
     done = _steps(tmp_path / "int")
     last = done[-1]
