@@ -129,7 +129,6 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     """
     from temper.config import load_config
     from temper.orchestrator.run_dir import is_write_error, write_error
-    from temper.orchestrator.run_guard import resume_message
     from temper.orchestrator.sync import SyncOrchestrator
 
     cfg = load_config(args.config, overrides)
@@ -140,11 +139,6 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     async def go() -> tuple[dict, SyncOrchestrator]:
         orch = SyncOrchestrator(cfg)
         try:
-            message = resume_message(orch.run_dir, orch.start_step, cfg)
-            if message:
-                print(message, file=sys.stderr, flush=True)
-                orch.events.write({"step": orch.start_step, "kind": "resumed",
-                                   "config_changes": orch.run_dir.config_changes})  # fmt: skip
             return await orch.run(), orch
         finally:
             await orch.close()

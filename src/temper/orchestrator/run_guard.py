@@ -154,8 +154,14 @@ class RunGuard:
         self.interrupted_at: int | None = None
         TRAINER_STATE.max_steps = cfg.orchestrator.steps
 
-    def start(self, start_step: int) -> None:
+    def start(self, start_step: int, run_dir: Any, progress: Any) -> None:
+        """At the start of the loop: say (and record) that this run resumes, if it does."""
         TRAINER_STATE.global_step = start_step
+        message = resume_message(run_dir, start_step, self.cfg)
+        if message:
+            say(progress, message)
+            self.events.write({"step": start_step, "kind": "resumed",
+                               "config_changes": run_dir.config_changes})  # fmt: skip
 
     def after_step(
         self, step: int, m: dict[str, Any], trajs: list[Trajectory], progress: Any

@@ -362,13 +362,13 @@ class SyncOrchestrator:
         last_eval: dict[str, Any] = {}
         started = time.perf_counter()
         with RunProgress(steps, self.start_step, enabled=cfg.log.progress) as progress:
+            self.guard.start(self.start_step, self.run_dir, progress)
             if cfg.eval.at_start and self.start_step == 0:
                 last_eval = await self.evaluate(0)
                 progress.log(_eval_line(0, last_eval))
                 self.health.observe_eval(0, last_eval.get("accuracy", 0.0))
             step = self.start_step
             self._start_async()
-            self.guard.start(self.start_step)
             try:
                 with self.guard.interrupt:
                     step, mid_eval = await self._loop(progress, started)
