@@ -4,7 +4,8 @@ Each step: sample prompts → generate a group per prompt → score → advantag
 update the policy → publish the new weights to the engine as version step.
 Evaluates at the start, every `eval.every` steps and at the end; checkpoints
 atomically; writes metrics, sampled trajectories and the report into the run
-directory. A resumed run continues exactly where the checkpoint left off.
+directory. A resumed synchronous run continues exactly where the checkpoint
+left off (an async one loses the groups in flight: docs/async.md).
 """
 
 from __future__ import annotations
