@@ -380,11 +380,12 @@ class SyncOrchestrator:
             self.guard.finish(progress)
             if self.guard.interrupted_at is not None:
                 return last_eval  # Ctrl-C: checkpointed in the loop; no final eval
+            # Checkpoint first: a Ctrl-C during the final eval then loses no step.
+            if cfg.checkpoint.at_end and step > self.start_step:
+                self.checkpoint(step)
             if cfg.eval.at_end and step > self.start_step:
                 last_eval = await self.evaluate(step)
                 progress.log(_eval_line(step, last_eval))
-            if cfg.checkpoint.at_end and step > self.start_step:
-                self.checkpoint(step)
         write_report(self.run_dir.path)
         return last_eval
 
