@@ -173,9 +173,10 @@ def write_error(err: OSError, path: Path) -> TemperError:
     """A one-line error for a run directory that cannot be written (full, read-only)."""
     where = err.filename or path
     if err.errno in _FULL:
+        what = f"{where} (run directory {path})" if err.filename else f"the run directory {path}"
         return TemperError(
-            f"no space left on device while writing {where} (run directory {path}); "
-            "earlier checkpoints are intact: free space and continue with --run.resume=true"
+            f"no space left on device while writing {what}; checkpoints written before are "
+            "intact: free space and continue with --run.resume=true"
         )
     reason = os.strerror(err.errno) if err.errno else str(err)
     return TemperError(f"cannot write the run directory {path}: {where}: {reason}")
