@@ -54,6 +54,8 @@ class TrainerState:
 
 
 #: The trainer state of the run in this process; the orchestrator advances it each step.
+#: Rollout worker processes (backend = "process" or "ray") score with their own copy,
+#: which stays at 0.
 TRAINER_STATE = TrainerState()
 
 
