@@ -146,7 +146,7 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     try:
         final, orch = asyncio.run(go())
     except OSError as err:
-        if is_write_error(err):
+        if is_write_error(err, run_path):
             raise write_error(err, run_path) from err
         raise
     print(f"run directory: {run_path}  report: {run_path / 'report.html'}")

@@ -182,9 +182,14 @@ def write_error(err: OSError, path: Path) -> TemperError:
     return TemperError(f"cannot write the run directory {path}: {where}: {reason}")
 
 
-def is_write_error(err: BaseException) -> bool:
-    """An OSError that means the disk is full or the place is not writable."""
-    return isinstance(err, OSError) and err.errno in _FULL | _UNWRITABLE
+def is_write_error(err: BaseException, path: Path) -> bool:
+    """An OSError that means the disk is full, or that run directory ``path`` is not writable."""
+    if not isinstance(err, OSError):
+        return False
+    if err.errno in _FULL:
+        return True
+    inside = err.filename is None or Path(str(err.filename)).is_relative_to(path)
+    return err.errno in _UNWRITABLE and inside
 
 
 def _check_writable(path: Path) -> None:
