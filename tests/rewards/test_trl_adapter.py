@@ -47,8 +47,7 @@ def test_dataset_columns_are_collated():
 
     inputs = [text_item("hi", difficulty=2, source="x"), text_item("hello", difficulty=3)]
     asyncio.run(TRLRewardFunction(spy).score(inputs))
-    state = seen.pop("trainer_state")
-    assert state.global_step == 0
+    assert seen.pop("trainer_state") is TRAINER_STATE  # the run's state, as TRL passes its own
     assert seen == {
         "prompts": ["Say hi", "Say hi"],
         "completions": ["hi", "hello"],
