@@ -2,9 +2,17 @@
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.temper-setup
+# vLLM's CPU build pins transformers < 5.20: its tests run in a second environment.
+VLLM_PY    := .venv-vllm/bin/python
+VLLM_STAMP := .venv-vllm/.temper-setup
+# In .venv-vllm: the vLLM tests, and the trainer and engine tests on vLLM's transformers
+# (the lower end of the range pyproject declares).
+VLLM_TESTS := tests/engine/test_vllm_engine.py tests/orchestrator/test_vllm_runs.py \
+	tests/rollout/test_multi_turn.py tests/trainer/test_policy_trainer.py \
+	tests/trainer/test_batching.py tests/engine/test_native_engine.py tests/engine/test_hf_engine.py
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test test-fast lint format bench clean
+.PHONY: setup setup-vllm demo test test-vllm test-fast lint format bench clean
 
 setup: $(STAMP)
 
@@ -12,11 +20,21 @@ $(STAMP): pyproject.toml constraints.txt scripts/setup.sh apt-packages.txt
 	bash scripts/setup.sh
 	@touch $(STAMP)
 
+setup-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml constraints.txt scripts/setup.sh apt-packages.txt
+	bash scripts/setup.sh --vllm
+	@touch $(VLLM_STAMP)
+
 demo: setup
 	$(VENV)/bin/temper train --run.overwrite=true
 
-test: setup
+test: setup setup-vllm
 	$(PY) -m pytest -q
+	$(MAKE) --no-print-directory test-vllm
+
+test-vllm: setup-vllm
+	$(VLLM_PY) -m pytest -q -p no:cacheprovider $(VLLM_TESTS)
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
@@ -32,6 +50,7 @@ format: setup
 bench: setup
 	$(PY) -m pip install -q -c constraints.txt -e ".[bench]"
 	$(PY) benchmarks/engine_vs_hf.py
+	$(VLLM_PY) benchmarks/engines.py
 	$(PY) benchmarks/grpo_vs_trl.py
 	$(PY) benchmarks/sandbox.py
 	$(PY) benchmarks/eval_parallel.py
@@ -40,4 +59,4 @@ bench: setup
 	$(PY) benchmarks/rm_server.py
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) .venv-vllm runs .pytest_cache .ruff_cache

@@ -7,15 +7,14 @@ real rollout loop, env and trainer code.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-import torch
+from temper.engine.base import EngineDefaults, GenerationResult, SampleOutput, SamplingParams
+from temper.weights.transport import WeightTransport
 
-from temper.engine.base import GenerationResult, SampleOutput, SamplingParams
 
-
-class ScriptedEngine:
+class ScriptedEngine(EngineDefaults):
     """An Engine whose k-th assistant turn in a conversation is `replies[k]`.
 
     A reply is text (tokenized, then ended with `<|im_end|>`), (text, stop id), or
@@ -51,7 +50,8 @@ class ScriptedEngine:
         sample = SampleOutput(ids, logprobs, finish, [self.version] * len(ids), stop_reason)
         return GenerationResult(list(prompt_token_ids), [sample])
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+    def load_weights(self, transport: WeightTransport, version: int) -> None:
+        transport.receive(version)  # nothing to load; the version is what tests look at
         self.version = version
 
     async def close(self) -> None:

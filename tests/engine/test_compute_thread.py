@@ -9,6 +9,7 @@ from temper import compute
 from temper.engine.base import SamplingParams
 from temper.engine.llama_forward import LlamaFamilyModel
 from temper.engine.native import NativeEngine
+from temper.weights import push_weights
 
 from .conftest import make_model
 
@@ -45,7 +46,7 @@ def test_native_engine_steps_and_weight_updates_run_on_the_compute_thread(monkey
 
     async def go():
         await engine.generate([5, 6, 7], SamplingParams(n=2, max_new_tokens=4, seed=0))
-        engine.update_weights({"model.norm.weight": torch.ones(64)}, version=1)
+        push_weights(engine, {"model.norm.weight": torch.ones(64)}, version=1)
         await engine.close()
 
     asyncio.run(go())

@@ -14,6 +14,7 @@ from temper.engine import cpu_kernels
 from temper.engine.base import SamplingParams
 from temper.engine.kv_cache import zeros_in_huge_pages
 from temper.engine.native import NativeEngine
+from temper.weights import push_weights
 
 from .conftest import hf_logprobs, make_model, run
 
@@ -128,8 +129,8 @@ def test_updates_reach_rotary_pair_weights(kind: str) -> None:
     other = make_model(kind, seed=1)
     attn = [n for n in other.state_dict() if ".self_attn." in n]
     rest = {n: t for n, t in other.state_dict().items() if n not in attn}
-    engine.update_weights({n: other.state_dict()[n] for n in attn}, version=1)  # part...
-    engine.update_weights(rest, version=2)  # ...then the rest
+    push_weights(engine, {n: other.state_dict()[n] for n in attn}, version=1)  # part...
+    push_weights(engine, rest, version=2)  # ...then the rest
     prompt = [5, 6, 7, 8, 9]
     params = SamplingParams(temperature=0.0, max_new_tokens=12, ignore_eos=True)
     out = run(engine.generate(prompt, params)).samples[0]
@@ -137,7 +138,7 @@ def test_updates_reach_rotary_pair_weights(kind: str) -> None:
     torch.testing.assert_close(torch.tensor(out.logprobs), ref, **ENGINE_PARITY)
     name = "model.layers.0.self_attn.q_proj.weight"
     with pytest.raises(ValueError, match=rf"{re.escape(name)} has shape \(3, 3\)"):
-        engine.update_weights({name: torch.zeros(3, 3)}, version=3)
+        push_weights(engine, {name: torch.zeros(3, 3)}, version=3)
     run(engine.close())
 
 

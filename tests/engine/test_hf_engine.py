@@ -13,6 +13,7 @@ from temper.engine.base import Engine, SamplingParams
 from temper.engine.hf import HFEngine
 from temper.engine.native import NativeEngine
 from temper.errors import PromptTooLongError
+from temper.weights import push_weights
 
 from .conftest import CharTokenizer, hf_greedy, hf_logprobs, make_model, run
 
@@ -75,7 +76,7 @@ def test_stops_match_native_engine(llama) -> None:
 def test_update_weights_and_errors(llama) -> None:
     engine = build_engine("hf", make_model("llama"), max_context=16)
     assert isinstance(engine, HFEngine) and engine.max_context == 16
-    engine.update_weights(llama.state_dict(), version=2)
+    push_weights(engine, llama.state_dict(), version=2)
     out = run(
         engine.generate(PROMPT, SamplingParams(temperature=0, max_new_tokens=6, ignore_eos=True))
     )

@@ -14,6 +14,7 @@ from temper.engine.base import Engine, SamplingParams
 from temper.engine.llama_forward import UnsupportedModelError
 from temper.engine.native import NativeEngine
 from temper.errors import PromptTooLongError, TemperError
+from temper.weights import push_weights
 
 from .conftest import EOS, VOCAB, CharTokenizer, hf_greedy, hf_logprobs, make_model, run
 
@@ -234,7 +235,7 @@ def test_update_weights_changes_outputs_and_versions(llama) -> None:
     assert before.policy_versions == [0] * 10
 
     other = make_model("llama", seed=1)
-    engine.update_weights(other.state_dict(), version=3)
+    push_weights(engine, other.state_dict(), version=3)
     assert engine.version == 3
     after = run(engine.generate(prompt, params)).samples[0]
     assert after.policy_versions == [3] * 10
@@ -244,7 +245,7 @@ def test_update_weights_changes_outputs_and_versions(llama) -> None:
     torch.testing.assert_close(torch.tensor(after.logprobs), ref, **ENGINE_PARITY)
 
     with pytest.raises(KeyError, match="unknown"):
-        engine.update_weights({"nope.weight": torch.zeros(1)}, version=4)
+        push_weights(engine, {"nope.weight": torch.zeros(1)}, version=4)
     # the source model is not aliased: changing it does not change the engine
     with torch.no_grad():
         other.model.embed_tokens.weight.zero_()
@@ -258,7 +259,7 @@ def test_update_weights_mid_generation_records_versions(llama) -> None:
         task = asyncio.create_task(engine.generate(PROMPTS[0], sampled(max_new=60)))
         while engine.stats.generated_tokens < 10:
             await asyncio.sleep(0.001)
-        engine.update_weights(llama.state_dict(), version=1)
+        push_weights(engine, llama.state_dict(), version=1)
         return await task
 
     versions = run(go()).samples[0].policy_versions

@@ -13,6 +13,7 @@ from fp32 import ENGINE_PARITY, SAME_MATH
 from temper.engine.base import SamplingParams
 from temper.engine.native import NativeEngine
 from temper.engine.prefix_cache import PrefixCache
+from temper.weights import push_weights
 
 from .conftest import hf_logprobs, make_model, run
 
@@ -116,7 +117,7 @@ def test_weight_update_empties_the_cache():
     engine = NativeEngine(model)
     first = run(engine.generate(TURN1, greedy(8)))
     other = make_model("llama", seed=1)
-    engine.update_weights(other.state_dict(), version=1)
+    push_weights(engine, other.state_dict(), version=1)
     turn2 = TURN1 + first.samples[0].token_ids + TOOL
     result = run(engine.generate(turn2, greedy(8)))
     assert engine.stats.prefix_hits == 0  # the old keys/values were not reused

@@ -19,6 +19,7 @@ from temper.eval.run import run_eval
 from temper.models import load_model, load_tokenizer
 from temper.serve import start_server
 from temper.serve.runner import serve_app_in_thread
+from temper.weights import push_weights
 
 EVAL = {"size": 8, "k": 2, "max_response_tokens": 24}
 
@@ -81,7 +82,7 @@ def test_generate_returns_server_ids_and_logprobs(server, tokenizer):
         assert g.finish_reason == w.finish_reason and g.stop_reason == w.stop_reason
         assert g.logprobs == pytest.approx(w.logprobs, rel=1e-5, abs=1e-4)
     with pytest.raises(ConfigError, match="cannot take weight updates"):
-        engine.update_weights({}, 1)
+        push_weights(engine, {}, 1)
 
 
 def text_only_endpoint(requests: list[dict]) -> FastAPI:

@@ -28,13 +28,15 @@ from temper.engine.base import SamplingParams
 from temper.errors import ConfigError
 from temper.models import load_model, load_tokenizer, resolve_model_path
 from temper.orchestrator.build import build_engine, build_rollouts, build_tasks
-from temper.orchestrator.remote import RemoteRollouts, WorkerError
+from temper.orchestrator.remote import RemoteBackend, WorkerError
 
 ray = pytest.importorskip("ray")
 
+from temper.orchestrator.backend import publish_weights  # noqa: E402
+from temper.orchestrator.placement import start_remote_backend  # noqa: E402
 from temper.orchestrator.remote.ray_actor import ray_settings  # noqa: E402
-from temper.orchestrator.remote.ray_backend import ray_rollouts  # noqa: E402
 from temper.orchestrator.remote.ray_pool import RayWorkerPool  # noqa: E402
+from temper.weights import push_weights  # noqa: E402
 
 PARAMS = SamplingParams(n=2, temperature=1.0, max_new_tokens=12)
 SEED = 7
@@ -105,6 +107,13 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def ray_rollouts(cfg, model_path: str) -> RemoteBackend:
+    """The run's Ray backend, as `orchestrator.placement.build_backend` starts it."""
+    cfg = cfg.model_copy(deep=True)
+    cfg.orchestrator.backend = "ray"
+    return start_remote_backend(cfg, model_path, load_tokenizer(_model_path()), None)
+
+
 def _perturbed_weights() -> dict[str, torch.Tensor]:
     """The tiny model's weights plus fixed noise (they change every sample)."""
     gen = torch.Generator().manual_seed(0)
@@ -131,7 +140,9 @@ def test_ray_groups_match_local_and_weights_reach_actors(ray_cluster):
         assert len(set(pids)) == 2 and os.getpid() not in pids  # two separate actor processes
 
         async def both() -> tuple:
-            return await local.groups(tasks, PARAMS, SEED), await remote.groups(tasks, PARAMS, SEED)
+            return await local.groups(tasks, PARAMS, SEED), await remote.rollouts.source.groups(
+                tasks, PARAMS, SEED
+            )
 
         (want, _), (got, stats) = asyncio.run(both())
         assert _samples(got) == _samples(want)
@@ -146,8 +157,8 @@ def test_ray_groups_match_local_and_weights_reach_actors(ray_cluster):
 
         # New weights: the actors load them from the object store; outputs follow them.
         state = _perturbed_weights()
-        remote.update_weights(state, 1)
-        engine.update_weights(state, 1)
+        publish_weights(remote, state, 1)
+        push_weights(engine, state, 1)
         assert remote.version == 1 and _actor_versions(remote.pool) == [1, 1]
         (want1, _), (got1, _) = asyncio.run(both())
         assert _samples(got1) == _samples(want1)
@@ -157,7 +168,7 @@ def test_ray_groups_match_local_and_weights_reach_actors(ray_cluster):
     finally:
         asyncio.run(remote.close())
         asyncio.run(engine.close())
-    assert remote not in RemoteRollouts.live()
+    assert remote not in RemoteBackend.live()
 
 
 @pytest.mark.ray
@@ -165,7 +176,7 @@ def test_ray_groups_match_local_and_weights_reach_actors(ray_cluster):
 def test_killed_and_stopped_actors_are_replaced_and_every_result_arrives_once(ray_cluster):
     """SIGKILL a busy actor; once replaced, SIGSTOP a busy one (heartbeat timeout 3 s)."""
     cfg = _cfg("ray-chaos", heartbeat_timeout_s=3.0, max_retries=3)
-    tasks = _tasks(cfg, 8) * 2  # two batches; request i is seeded by i, as RemoteRollouts does
+    tasks = _tasks(cfg, 8) * 2  # two batches; request i is seeded by i, as RemoteBackend does
     remote = ray_rollouts(cfg, _model_path())
     pool = remote.pool
     calls: list[tuple[int, Any, BaseException | None]] = []
@@ -179,8 +190,8 @@ def test_killed_and_stopped_actors_are_replaced_and_every_result_arrives_once(ra
 
     try:
         # Replacements must start holding the published version, not the model's weights.
-        remote.update_weights(_perturbed_weights(), 1)
-        reference, _ = asyncio.run(remote.groups(tasks, PARAMS, SEED))  # fault-free
+        publish_weights(remote, _perturbed_weights(), 1)
+        reference, _ = asyncio.run(remote.rollouts.source.groups(tasks, PARAMS, SEED))  # fault-free
         submit(range(8))
         killed = _wait_for(lambda: _busy_pid(pool, set()))
         slot, t_kill = pool.pids().index(killed), time.monotonic()
@@ -238,7 +249,7 @@ def test_out_of_retries_raises_worker_error_without_hanging(ray_cluster):
     try:
         killer.start()
         with pytest.raises(WorkerError) as info:
-            asyncio.run(remote.groups(tasks, PARAMS, SEED))
+            asyncio.run(remote.rollouts.source.groups(tasks, PARAMS, SEED))
     finally:
         killer.join(timeout=30)
         asyncio.run(remote.close())
@@ -261,7 +272,7 @@ def test_an_actor_that_cannot_build_fails_the_start_at_once(ray_cluster):
         "'/nonexistent/model' does not exist or is not a directory"
     )
     assert time.monotonic() - started < 60  # not retried max_retries times
-    assert [r for r in RemoteRollouts.live() if r.pool.cfg.run.name == "ray-broken"] == []
+    assert [r for r in RemoteBackend.live() if r.pool.cfg.run.name == "ray-broken"] == []
 
 
 def test_missing_ray_is_one_line_naming_the_extra(monkeypatch):

@@ -25,7 +25,7 @@ from temper.cli.main import main
 from temper.config import load_config
 from temper.errors import ConfigError
 from temper.monitor.sinks import truncate_jsonl_after_step
-from temper.orchestrator.remote import RemoteRollouts
+from temper.orchestrator.remote import RemoteBackend
 
 STEPS, PROMPTS, GROUP = 3, 4, 4
 COMMON = [
@@ -83,7 +83,7 @@ def _wait_for(pred: Callable[[], object], timeout: float = 120.0) -> object:
     raise AssertionError("timed out waiting")
 
 
-def _busy_worker(rollouts: RemoteRollouts, exclude: set[int]) -> int | None:
+def _busy_worker(rollouts: RemoteBackend, exclude: set[int]) -> int | None:
     """A worker pid with a group request in flight, if any."""
     for pid, n in rollouts.pool.in_flight().items():
         if n and pid not in exclude:
@@ -135,7 +135,7 @@ def test_killed_and_stopped_workers_are_replaced_and_nothing_is_lost(tmp_path, l
     faults: dict[str, float | int] = {}
 
     def chaos() -> None:
-        rollouts = _wait_for(RemoteRollouts.live)[0]
+        rollouts = _wait_for(RemoteBackend.live)[0]
         killed = _wait_for(lambda: _busy_worker(rollouts, set()))
         slot = rollouts.pool.pids().index(killed)
         os.kill(killed, signal.SIGKILL)
@@ -174,7 +174,7 @@ def test_out_of_retries_fails_the_run_with_one_line(tmp_path, capsys):
     killed: list[int] = []
 
     def kill_busy_worker() -> None:
-        rollouts = _wait_for(RemoteRollouts.live)[0]
+        rollouts = _wait_for(RemoteBackend.live)[0]
         pid = _wait_for(lambda: _busy_worker(rollouts, set()))
         os.kill(pid, signal.SIGKILL)
         killed.append(pid)
@@ -198,7 +198,7 @@ def test_out_of_retries_fails_the_run_with_one_line(tmp_path, capsys):
     assert err.startswith("temper: error: rollout request for task ")
     assert "more than orchestrator.max_retries = 0" in err and "SIGKILL" in err
     assert time.monotonic() - started < 120
-    assert RemoteRollouts.live() == []
+    assert RemoteBackend.live() == []
     assert not any(_alive(pid) for pid in _worker_pids(tmp_path / "fails"))
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -22,13 +22,14 @@ import torch
 
 from scripted_engine import ScriptedEngine
 from temper.data.base import Task
-from temper.engine.base import Engine, SampleOutput, SamplingParams
+from temper.engine.base import Engine, EngineDefaults, SampleOutput, SamplingParams
 from temper.engine.native import NativeEngine
 from temper.envs import AssistantTurn, EpisodeLimits, StepResult, ToolEnv
 from temper.errors import PromptTooLongError
 from temper.models.loader import load_model, load_tokenizer
 from temper.rollout.multi_turn import episode_stats, run_episode, run_episodes
 from temper.rollout.trajectory import Trajectory
+from temper.weights.transport import WeightTransport
 
 QWEN_STYLE_TEMPLATE = (
     "{%- set default_system = 'You are a helpful assistant.' %}"
@@ -93,7 +94,7 @@ def run(coro: Any) -> Any:
 # ----------------------------------------------------------------------------- engines
 
 
-class RecordingEngine:
+class RecordingEngine(EngineDefaults):
     """Proxy that records every (prompt ids, params, sample) an engine handles."""
 
     def __init__(self, inner: Any) -> None:
@@ -114,8 +115,8 @@ class RecordingEngine:
         self.calls.append((list(prompt_token_ids), params, result.samples[0]))
         return result
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        self.inner.update_weights(state_dict, version)
+    def load_weights(self, transport: WeightTransport, version: int) -> None:
+        self.inner.load_weights(transport, version)
 
     async def close(self) -> None:
         await self.inner.close()
@@ -457,20 +458,42 @@ def test_native_engine_episodes_are_token_exact(template: str, tiny_model: Any) 
     <|endoftext|> or cut by length) spliced with rendered observations."""
     tokenizer = make_tokenizer(template)
     native = NativeEngine(tiny_model, tokenizer, max_slots=16, seed=0)
-    engine = RecordingEngine(native)
+    try:
+        check_engine_episodes(native, tokenizer)
+    finally:
+        run(native.close())
+
+
+@pytest.mark.vllm
+@pytest.mark.parametrize("template", TEMPLATES)
+def test_vllm_engine_episodes_are_token_exact(template: str) -> None:
+    """The same episodes through vLLM (runs in .venv-vllm)."""
+    pytest.importorskip("vllm")
+    from temper.engine.vllm_engine import VLLMEngine
+    from temper.models import resolve_model_path
+
+    tokenizer = make_tokenizer(template)
+    engine = VLLMEngine(str(resolve_model_path("tiny")), tokenizer)
+    try:
+        check_engine_episodes(engine, tokenizer)
+    finally:
+        run(engine.close())
+
+
+def check_engine_episodes(inner: Any, tokenizer: Any) -> None:
+    """Three-turn tool episodes on ``inner``: every turn's input is the trajectory so
+    far, and the trajectory holds exactly what the engine sampled."""
+    engine = RecordingEngine(inner)
     assert isinstance(engine, Engine)
     tasks = [Task("a", "What is 2 + 3?"), Task("b", "What is 7 + 1?")]
     params = SamplingParams(temperature=1.0, max_new_tokens=12)
     limits = EpisodeLimits(max_turns=3, continue_after_length=True)
 
     async def go() -> list[list[Trajectory]]:
-        try:
-            return await run_episodes(
-                engine, lambda t: EchoEnv(turns=3, role="tool"), tasks, tokenizer, params, limits,
-                seed=11, group_size=2,
-            )  # fmt: skip
-        finally:
-            await native.close()
+        return await run_episodes(
+            engine, lambda t: EchoEnv(turns=3, role="tool"), tasks, tokenizer, params, limits,
+            seed=11, group_size=2,
+        )  # fmt: skip
 
     groups = run(go())
     by_episode: dict[int, list] = {}

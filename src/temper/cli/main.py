@@ -102,7 +102,13 @@ def _parser() -> argparse.ArgumentParser:
     rp.add_argument("--index", type=int, default=None, help="only this line (0-based)")
     sv = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
     sv.add_argument("--model", default="tiny", help='model directory or "tiny"')
-    sv.add_argument("--engine", default="native", choices=["native", "hf"])
+    sv.add_argument(
+        "--engine",
+        "--engine.type",
+        dest="engine",
+        default="native",
+        choices=["native", "hf", "vllm"],
+    )
     sv.add_argument("--host", default="127.0.0.1")
     sv.add_argument("--port", type=int, default=8000)
     sv.add_argument("--served-model-name", default=None, help="model id clients send")

@@ -50,12 +50,29 @@ class ModelConfig(_Section):
 
 
 class EngineConfig(_Section):
-    type: Literal["native", "hf", "openai"] = Field(
+    type: Literal["native", "hf", "vllm", "openai"] = Field(
         "native",
-        description='Which engine generates rollouts; "openai" = a remote OpenAI-compatible '
-        "/v1/completions endpoint (eval and rollout-only runs).",
+        description='Which engine generates rollouts; "vllm" = vLLM in-process (pip install '
+        '-e ".[vllm]"); "openai" = a remote OpenAI-compatible /v1/completions endpoint (eval '
+        "and rollout-only runs).",
     )
-    max_slots: int = Field(256, ge=1, description="Sequences decoded concurrently (native).")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where the engine runs (native, hf, vllm): auto = CUDA when present."
+    )
+    sleep: bool = Field(
+        False,
+        description="vLLM on CUDA: free the engine's weights and KV cache while the trainer "
+        "steps, and wake it after (colocated on one GPU).",
+    )
+    kv_cache_gb: float = Field(
+        1.0, gt=0, description="vLLM on CPU: memory for its KV cache (VLLM_CPU_KVCACHE_SPACE)."
+    )
+    gpu_memory_utilization: float = Field(
+        0.5, gt=0, le=1, description="vLLM on CUDA: fraction of GPU memory it may take."
+    )
+    max_slots: int = Field(
+        256, ge=1, description="Sequences decoded concurrently (native; vLLM's max_num_seqs)."
+    )
     prefix_cache_mb: float = Field(
         256.0,
         ge=0,
@@ -89,6 +106,8 @@ class EngineConfig(_Section):
     def _openai_needs_url(self) -> EngineConfig:
         if self.type == "openai" and not self.base_url:
             raise ValueError("engine.base_url is required when engine.type = 'openai'")
+        if self.sleep and (self.type != "vllm" or self.device == "cpu"):
+            raise ValueError("engine.sleep needs engine.type = 'vllm' on CUDA")
         return self
 
 
@@ -301,7 +320,13 @@ class TrainerConfig(_Section):
         description="What one more micro-batch costs, in padded tokens: the planner cuts "
         "length-sorted rows into micro-batches trading padding against this.",
     )
-    precision: Literal["fp32", "bf16"] = Field("fp32", description="bf16 uses autocast.")
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Where the trainer runs (world_size 1): auto = CUDA when present."
+    )
+    precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto",
+        description="bf16 uses autocast; auto = bf16 on CUDA, fp32 on CPU (weights stay fp32).",
+    )
     ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
     mini_batches: int = Field(1, ge=1, description="Optimizer steps per pass.")
     world_size: int = Field(

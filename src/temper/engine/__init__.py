@@ -4,7 +4,8 @@
 the PyTorch engine with a slot KV cache and continuous batching), ``"hf"``
 (`HFEngine`, Hugging Face ``model.generate``, the baseline) or ``"openai"``
 (`OpenAIEndpointEngine`, a remote OpenAI-compatible completions endpoint; no
-local model, no weight updates).
+local model, no weight updates) or ``"vllm"`` (`VLLMEngine`, vLLM in this
+process; it loads ``model_path`` itself, so ``model`` is None).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ __all__ = [
     "build_engine",
 ]
 
-ENGINE_TYPES = ("native", "hf", "openai")
+ENGINE_TYPES = ("native", "hf", "vllm", "openai")
 
 
 def build_engine(
@@ -36,7 +37,8 @@ def build_engine(
     ``opts`` go to the engine's constructor: for ``"native"`` ``max_slots``,
     ``max_context``, ``dtype``, ``max_prefill_tokens``, ``prefix_cache_mb``, ``seed``,
     ``cpu_kernels``; for ``"hf"``
-    ``max_context``; for ``"openai"`` ``base_url`` (required), ``model_name``,
+    ``max_context``; for ``"vllm"`` ``model_path`` (required) and `VLLMEngine`'s
+    keyword arguments; for ``"openai"`` ``base_url`` (required), ``model_name``,
     ``api_key``, ``timeout_s`` (``model`` is then None: nothing runs locally).
     An unknown ``kind`` raises `ConfigError`; a model the native engine cannot
     run raises `UnsupportedModelError`.
@@ -47,6 +49,12 @@ def build_engine(
         if not opts.get("base_url"):
             raise ConfigError("engine.base_url is required when engine.type = 'openai'")
         return OpenAIEndpointEngine(opts.pop("base_url"), tokenizer, **opts)
+    if kind == "vllm":
+        from temper.engine.vllm_engine import VLLMEngine
+
+        if not opts.get("model_path"):
+            raise ConfigError("engine.type = 'vllm' needs model_path (vLLM loads the model)")
+        return VLLMEngine(opts.pop("model_path"), tokenizer, **opts)
     if model is None:
         raise ConfigError(f"engine.type = {kind!r} needs a model")
     if kind == "native":

@@ -8,11 +8,12 @@ policy version that produced each token.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal, Protocol, runtime_checkable
 
-import torch
+from temper.errors import ConfigError
+from temper.weights.transport import WeightTransport
 
 FinishReason = Literal["stop", "length", "abort"]
 
@@ -91,15 +92,44 @@ class GenerationResult:
     samples: list[SampleOutput]
 
 
+@dataclass(frozen=True)
+class EngineAbilities:
+    """What an engine can do beyond `generate` and `close`.
+
+    Callers read these flags and call the matching method; they never probe an
+    engine with `getattr`. Every engine has every method (`EngineDefaults`
+    supplies the no-op ones), so a flag says whether a call *does* something:
+
+    - `weight_updates`: `load_weights` loads new weights (False for a remote
+      endpoint, whose weights are not ours).
+    - `release_memory`: `release_memory()` can free the KV cache between steps
+      (colocated runs: the trainer's activations do not stack on top of it).
+    - `sleep`: `sleep()` frees weights and KV cache until `wake_up()` (vLLM on a
+      GPU shared with the trainer).
+    - `metrics`: `metrics()` reports per-step counters worth logging.
+    """
+
+    weight_updates: bool = True
+    release_memory: bool = False
+    sleep: bool = False
+    metrics: bool = False
+
+
 @runtime_checkable
 class Engine(Protocol):
     """A text-generation engine over token ids.
 
     Implementations: `temper.engine.native.NativeEngine` (KV cache, continuous
-    batching, shared prefill) and `temper.engine.hf.HFEngine` (wraps
-    `model.generate`, the baseline).
+    batching, shared prefill), `temper.engine.hf.HFEngine` (wraps
+    `model.generate`, the baseline), `temper.engine.vllm_engine.VLLMEngine`
+    (vLLM in-process) and `temper.engine.openai_endpoint.OpenAIEndpointEngine`.
+
+    Weights only arrive through a `temper.weights.WeightTransport`: the trainer
+    publishes a version, the engine's `load_weights` receives it.
     """
 
+    #: What the optional methods below actually do for this engine.
+    abilities: EngineAbilities
     #: Weight version currently loaded. Starts at 0.
     version: int
     #: Longest prompt + generation the engine accepts, in tokens.
@@ -114,10 +144,51 @@ class Engine(Protocol):
         """
         ...
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        """Load new weights (same names and shapes as the HF model) as `version`."""
+    def load_weights(self, transport: WeightTransport, version: int) -> None:
+        """Receive `version` from `transport` (HF names; a subset is fine) and serve it.
+
+        Requests in flight finish their current step on the old weights; tokens
+        sampled afterwards record `version`.
+        """
+        ...
+
+    def release_memory(self) -> bool:
+        """Free the KV cache if idle; True if something was freed."""
+        ...
+
+    def sleep(self) -> None:
+        """Free weights and KV cache until `wake_up` (only with `abilities.sleep`)."""
+        ...
+
+    def wake_up(self) -> None:
+        """Undo `sleep`: weights and cache back in place."""
+        ...
+
+    def metrics(self) -> dict[str, float]:
+        """Counters to log with the step (empty without `abilities.metrics`)."""
         ...
 
     async def close(self) -> None:
         """Stop background work and free memory."""
         ...
+
+
+class EngineDefaults:
+    """The optional methods of `Engine` for engines whose abilities leave them out."""
+
+    abilities = EngineAbilities()
+
+    def load_weights(self, transport: WeightTransport, version: int) -> None:
+        raise ConfigError(f"{type(self).__name__} cannot take weight updates")
+
+    def release_memory(self) -> bool:
+        return False
+
+    def sleep(self) -> None:
+        raise ConfigError(f"{type(self).__name__} cannot sleep")
+
+    def wake_up(self) -> None:
+        raise ConfigError(f"{type(self).__name__} cannot sleep")
+
+    def metrics(self) -> dict[str, float]:
+        return {}

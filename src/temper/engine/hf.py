@@ -25,12 +25,18 @@ from typing import Any
 import torch
 
 from temper import compute
-from temper.engine.base import GenerationResult, SampleOutput, SamplingParams
+from temper.engine.base import (
+    EngineDefaults,
+    GenerationResult,
+    SampleOutput,
+    SamplingParams,
+)
 from temper.engine.requests import StopChecker, eos_token_ids, validate_prompt
 from temper.errors import TemperError
+from temper.weights.transport import WeightTransport
 
 
-class HFEngine:
+class HFEngine(EngineDefaults):
     """Wraps an in-memory HF causal LM's ``generate``; ``tokenizer`` is needed
     only for stop strings. ``max_context`` defaults to the model's
     ``max_position_embeddings``."""
@@ -65,16 +71,17 @@ class HFEngine:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(compute.executor(), self._generate, prompt, params)
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        """``load_state_dict(strict=False)`` on the compute thread, then set ``version``."""
-        compute.run(self._load_weights, state_dict, version)
+    def load_weights(self, transport: WeightTransport, version: int) -> None:
+        """Receive ``version``; ``load_state_dict(strict=False)`` on the compute thread."""
+        state_dict, got = transport.receive(version)
+        compute.run(self._load_weights, state_dict, got)
 
     def _load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         with self._lock, torch.no_grad():
             result = self.model.load_state_dict(dict(state_dict), strict=False)
             if result.unexpected_keys:
                 raise KeyError(
-                    f"update_weights: unknown parameter name(s) {result.unexpected_keys[:5]}"
+                    f"load_weights: unknown parameter name(s) {result.unexpected_keys[:5]}"
                 )
             self.version = int(version)
 
@@ -157,27 +164,5 @@ class HFEngine:
         version: int,
     ) -> SampleOutput:
         """Cut a raw HF row at the first stop and name its finish reason."""
-        for i, tok in enumerate(tokens):
-            reason: Any = None
-            if tok in stop_ids:
-                reason = ("stop", tok)
-            elif params.stop_strings:
-                hit = self._stop.stop_string(tokens[: i + 1], params.stop_strings)
-                reason = ("stop", hit) if hit is not None else None
-            if reason is None and (
-                i + 1 >= params.max_new_tokens or len(prompt) + i + 1 >= self.max_context
-            ):
-                reason = ("length", None)
-            if reason is not None:
-                return SampleOutput(
-                    token_ids=tokens[: i + 1],
-                    logprobs=logprobs[: i + 1],
-                    finish_reason=reason[0],
-                    policy_versions=[version] * (i + 1),
-                    stop_reason=reason[1],
-                )
-        # HF ended the row for a reason our rules did not see (e.g. a stop string
-        # across the prompt boundary).
-        return SampleOutput(
-            tokens, logprobs, "stop", policy_versions=[version] * len(tokens), stop_reason=None
-        )
+        n, finish, stop = self._stop.cut(len(prompt), tokens, params, stop_ids)
+        return SampleOutput(tokens[:n], logprobs[:n], finish, [version] * n, stop)

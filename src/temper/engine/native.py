@@ -58,7 +58,7 @@ import numpy as np
 import torch
 
 from temper import compute
-from temper.engine.base import GenerationResult, SamplingParams
+from temper.engine.base import EngineAbilities, EngineDefaults, GenerationResult, SamplingParams
 from temper.engine.llama_forward import LlamaFamilyModel
 from temper.engine.planning import attention_chunks
 from temper.engine.prefix_cache import PrefixCache
@@ -72,6 +72,7 @@ from temper.engine.requests import (
 from temper.engine.sampling import stream_key
 from temper.engine.worker import EngineStats, Step, StepResult, StepRunner
 from temper.errors import ModelLoadError, TemperError
+from temper.weights.transport import WeightTransport
 
 __all__ = ["EngineStats", "NativeEngine"]
 
@@ -86,7 +87,7 @@ def trim_heap() -> None:
 MAX_STEPS_PER_CALL = 64
 
 
-class NativeEngine:
+class NativeEngine(EngineDefaults):
     """Native engine for Llama-family HF models (Llama, Mistral, Qwen2, Qwen3).
 
     ``model`` is an in-memory HF causal LM; its weights are copied (cast to
@@ -99,6 +100,8 @@ class NativeEngine:
     fused C decode-attention kernel (`temper.engine.cpu_kernels`) for float32 on
     CPU; without it, or where it cannot be built, decode runs in PyTorch ops.
     """
+
+    abilities = EngineAbilities(weight_updates=True, release_memory=True)
 
     def __init__(
         self,
@@ -224,14 +227,15 @@ class NativeEngine:
             self._events += 1
             raise
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
-        """Copy ``state_dict`` (HF names, a subset is fine) into the engine as ``version``.
+    def load_weights(self, transport: WeightTransport, version: int) -> None:
+        """Receive ``version`` (HF names, a subset is fine) and copy it into the engine.
 
         Blocks until the current step ends; tokens sampled afterwards record
         ``version``.
         """
+        state_dict, got = transport.receive(version)
         self._events += 1  # the worker returns after its current step
-        compute.run(self._load_weights, state_dict, version)
+        compute.run(self._load_weights, state_dict, got)
 
     def _load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         with self._lock:

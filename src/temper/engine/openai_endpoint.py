@@ -24,15 +24,22 @@ from __future__ import annotations
 import asyncio
 import math
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import httpx
-import torch
 
-from temper.engine.base import FinishReason, GenerationResult, SampleOutput, SamplingParams
+from temper.engine.base import (
+    EngineAbilities,
+    EngineDefaults,
+    FinishReason,
+    GenerationResult,
+    SampleOutput,
+    SamplingParams,
+)
 from temper.errors import ConfigError, TemperError
 from temper.serve.client import ChatClient, ChatClientError
+from temper.weights.transport import WeightTransport
 
 
 class EndpointError(TemperError):
@@ -51,7 +58,7 @@ def _models(base_url: str, api_key: str, timeout_s: float) -> list[dict[str, Any
     return [m for m in data if isinstance(m, dict) and "id" in m]
 
 
-class OpenAIEndpointEngine:
+class OpenAIEndpointEngine(EngineDefaults):
     """Token ids in, token ids + logprobs out, through a remote completions endpoint.
 
     `model_name` is the id sent with each request; by default the first model that
@@ -60,6 +67,8 @@ class OpenAIEndpointEngine:
     `model_max_length`. The API key is sent as a bearer token. One HTTP session
     per event loop, closed by `close()`.
     """
+
+    abilities = EngineAbilities(weight_updates=False)
 
     def __init__(
         self,
@@ -174,7 +183,7 @@ class OpenAIEndpointEngine:
         versions = [self.version] * len(ids)
         return SampleOutput([int(i) for i in ids], lps, finish, versions, stop, retokenized)
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+    def load_weights(self, transport: WeightTransport, version: int) -> None:
         """Always raises: the remote model's weights are not ours to change."""
         raise ConfigError(
             f"engine.type = 'openai' ({self.base_url}) cannot take weight updates: "

@@ -135,3 +135,22 @@ class StopChecker:
             if s in text:
                 return s
         return None
+
+    def cut(
+        self, prompt_len: int, tokens: list[int], params: SamplingParams, stop_ids: Iterable[int]
+    ) -> tuple[int, FinishReason, int | str | None]:
+        """Where a finished raw row ends under these rules: (kept tokens, finish reason,
+        stop reason). For engines that generate a whole row first (HF, vLLM)."""
+        stops = set(stop_ids)
+        for i, tok in enumerate(tokens):
+            if tok in stops:
+                return i + 1, "stop", tok
+            if params.stop_strings:
+                hit = self.stop_string(tokens[: i + 1], params.stop_strings)
+                if hit is not None:
+                    return i + 1, "stop", hit
+            if i + 1 >= params.max_new_tokens or prompt_len + i + 1 >= self.max_context:
+                return i + 1, "length", None
+        # The engine ended the row for a reason these rules did not see (e.g. a stop
+        # string across the prompt boundary).
+        return len(tokens), "stop", None

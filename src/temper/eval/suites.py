@@ -169,47 +169,53 @@ def build_suite(cfg: Config, plan: SuitePlan, engine: Any, tokenizer: Any) -> Su
 
 
 def _gsm8k(cfg: Config, plan: SuitePlan, engine: Any, tokenizer: Any) -> SuiteRollouts:
-    from temper.config.schema import RewardComponentConfig, RewardConfig
-    from temper.data.datasets import load_tasks
-    from temper.orchestrator.build import build_reward
-    from temper.rollout.single_turn import PromptRenderer
-    from temper.rollout.sources import SingleTurnRollouts
+    """The GSM8K file as the held-out data of a single-turn run scored by math-verify."""
+    from temper.orchestrator.build import build_rollouts
 
     assert plan.path is not None
-    tasks = load_tasks(
-        plan.path, prompt_field="question", answer_field="answer", answer_extractor="gsm8k"
+    suite_cfg = cfg.model_copy(deep=True)
+    suite_cfg.env = type(cfg.env)()  # single-turn
+    suite_cfg.data = type(cfg.data)(
+        type="file",
+        path=str(plan.path),
+        eval_path=str(plan.path),
+        prompt_field="question",
+        answer_field="answer",
+        answer_extractor="gsm8k",
+        system_prompt=cfg.data.system_prompt or GSM8K_SYSTEM_PROMPT,
+        eval_size=10**9,  # every problem
     )
-    for task in tasks:
-        task.category = "gsm8k"
     # Eval measures correctness: no reward-hacking gates, no shaping.
-    reward = build_reward(
-        RewardConfig(
-            components=[RewardComponentConfig(type="math")],
-            filters=[],
-            timeout_s=cfg.reward.timeout_s,
-            workers=cfg.reward.workers,
-        )
+    suite_cfg.reward = type(cfg.reward)(
+        components=[{"type": "math"}],
+        filters=[],
+        timeout_s=cfg.reward.timeout_s,
+        workers=cfg.reward.workers,
     )
-    renderer = PromptRenderer(tokenizer, cfg.data.system_prompt or GSM8K_SYSTEM_PROMPT)
-    inner = SingleTurnRollouts(engine, renderer, reward)
-    source = ContextFitRollouts(inner, lambda t: len(renderer.render(t)[0]), engine.max_context)
-    return SuiteRollouts(source, tasks, getattr(reward, "close", lambda: None))
+    r = build_rollouts(suite_cfg, engine, tokenizer)
+    for task in r.heldout:
+        task.category = "gsm8k"
+    renderer = r.renderer
+    assert renderer is not None
+    source = ContextFitRollouts(r.source, lambda t: len(renderer.render(t)[0]), engine.max_context)
+    return SuiteRollouts(source, list(r.heldout), r.close)
 
 
 def _humaneval(cfg: Config, engine: Any, tokenizer: Any) -> SuiteRollouts:
-    from temper.envs.registry import build_env_spec
-    from temper.rollout.sources import EpisodeRollouts
+    """HumanEval as the held-out set of the code env (the user's code-env options kept)."""
+    from temper.orchestrator.build import build_rollouts
 
-    # Keep the user's code-env options (attempts, timeouts); force the eval set.
+    suite_cfg = cfg.model_copy(deep=True)
     options = dict(cfg.env.options) if cfg.env.type == "code" else {}
     options["eval_set"] = "humaneval"
-    spec = build_env_spec("code", options, cfg.run.seed)
-    assert spec.heldout is not None
-    limits = cfg.env.limits
-    inner = EpisodeRollouts(engine, spec, tokenizer, limits, None, cfg.env.max_concurrency)
+    suite_cfg.env = cfg.env.model_copy(
+        update={"type": "code", "options": options, "add_reward": False}
+    )
+    r = build_rollouts(suite_cfg, engine, tokenizer)
+    limits = suite_cfg.env.limits
     room = min(limits.max_total_tokens or engine.max_context, engine.max_context)
-    source = ContextFitRollouts(inner, _episode_measure(tokenizer), room)
-    return SuiteRollouts(source, list(spec.heldout), spec.close or (lambda: None))
+    source = ContextFitRollouts(r.source, _episode_measure(tokenizer), room)
+    return SuiteRollouts(source, list(r.heldout), r.close)
 
 
 def _bfcl(cfg: Config, plan: SuitePlan, engine: Any, tokenizer: Any) -> SuiteRollouts:

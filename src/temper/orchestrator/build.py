@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -12,10 +11,13 @@ from temper.config import Config
 from temper.config.schema import DataConfig, RewardConfig
 from temper.data.base import Task
 from temper.data.sampler import ListSampler, ProceduralSampler, TaskSampler
+from temper.devices import resolve_device
+from temper.engine.base import Engine
 from temper.errors import DataError
+from temper.orchestrator.backend import Rollouts
 from temper.rewards.base import Reward
 from temper.rollout.single_turn import PromptRenderer
-from temper.rollout.sources import EpisodeRollouts, RolloutSource, SingleTurnRollouts
+from temper.rollout.sources import EpisodeRollouts, SingleTurnRollouts
 
 
 def build_tasks(cfg: DataConfig, seed: int) -> tuple[TaskSampler, list[Task]]:
@@ -103,70 +105,83 @@ def torch_dtype(name: str) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
 
 
-def build_engine(cfg: Config, model_path: str, tokenizer: Any) -> Any:
-    """The configured engine; for type="openai" only the tokenizer is local."""
-    from temper.engine import build_engine as make
-    from temper.models import load_model
+def build_engine(cfg: Config, model_path: str, tokenizer: Any) -> Engine:
+    """The configured engine (for training, eval, serving and rollout workers alike).
 
-    if cfg.engine.type == "openai":
+    ``"openai"`` keeps only the tokenizer here; ``"vllm"`` loads ``model_path``
+    itself; ``"native"`` and ``"hf"`` run an HF model loaded here, on
+    ``engine.device``.
+    """
+    from temper.engine import build_engine as make
+
+    e = cfg.engine
+    if e.type == "openai":
         from temper.engine.openai_endpoint import api_key_from_env
 
         return make(
             "openai",
             None,
             tokenizer,
-            base_url=cfg.engine.base_url,
-            model_name=cfg.engine.model_name,
-            api_key=api_key_from_env(cfg.engine.api_key_env),
-            timeout_s=cfg.engine.timeout_s,
+            base_url=e.base_url,
+            model_name=e.model_name,
+            api_key=api_key_from_env(e.api_key_env),
+            timeout_s=e.timeout_s,
         )
-    model = load_model(model_path, dtype=torch_dtype(cfg.model.dtype))
+    device = resolve_device(e.device, "engine.device")
+    if e.type == "vllm":
+        return make(
+            "vllm",
+            None,
+            tokenizer,
+            model_path=model_path,
+            dtype=cfg.model.dtype,
+            device=device.type,
+            seed=cfg.run.seed,
+            prefix_caching=e.prefix_cache_mb > 0,
+            kv_cache_gb=e.kv_cache_gb,
+            gpu_memory_utilization=e.gpu_memory_utilization,
+            enable_sleep=e.sleep,
+            max_num_seqs=e.max_slots,
+        )
+    from temper.models import load_model
+
+    model = load_model(model_path, dtype=torch_dtype(cfg.model.dtype)).to(device)
     opts = {}
-    if cfg.engine.type == "native":
+    if e.type == "native":
         opts = {
-            "max_slots": cfg.engine.max_slots,
-            "prefix_cache_mb": cfg.engine.prefix_cache_mb,
-            "cpu_kernels": cfg.engine.cpu_kernels,
+            "max_slots": e.max_slots,
+            "prefix_cache_mb": e.prefix_cache_mb,
+            "cpu_kernels": e.cpu_kernels,
         }
-    return make(cfg.engine.type, model, tokenizer, **opts)
+    return make(e.type, model, tokenizer, **opts)
 
 
-@dataclass
-class Rollouts:
-    """A run's rollout source with its tasks (and the reward it owns, to close)."""
+def build_run_tasks(cfg: Config) -> tuple[TaskSampler, list[Task], Any]:
+    """(training sampler, held-out tasks, env spec or None): the env's own tasks when it
+    has them, else the configured data."""
+    spec = None
+    if cfg.env.enabled:
+        from temper.envs.registry import build_env_spec
 
-    source: RolloutSource
-    train: TaskSampler
-    heldout: list[Task]
-    reward: Reward | None
-    renderer: PromptRenderer | None  # single-turn runs only: to check prompt lengths
-    env_spec: Any = None
-
-    def close(self) -> None:
-        """Close the reward's workers and the env spec's shared resources."""
-        close = getattr(self.reward, "close", None)
-        if close is not None:
-            close()
-        if self.env_spec is not None and self.env_spec.close is not None:
-            self.env_spec.close()
+        spec = build_env_spec(cfg.env.type, cfg.env.options, cfg.run.seed)
+        if spec.train is not None and spec.heldout is not None:
+            return spec.train, spec.heldout, spec
+    train, heldout = build_tasks(cfg.data, cfg.run.seed)
+    if spec is not None:
+        train = spec.train if spec.train is not None else train
+        heldout = spec.heldout if spec.heldout is not None else heldout
+    return train, heldout, spec
 
 
 def build_rollouts(cfg: Config, engine: Any, tokenizer: Any) -> Rollouts:
     """Single-turn prompts (``env.type = "none"``) or episodes of the configured env."""
-    if not cfg.env.enabled:
-        train, heldout = build_tasks(cfg.data, cfg.run.seed)
+    train, heldout, spec = build_run_tasks(cfg)
+    if spec is None:
         reward = build_reward(cfg.reward)
         renderer = PromptRenderer(tokenizer, cfg.data.system_prompt)
         return Rollouts(
             SingleTurnRollouts(engine, renderer, reward), train, heldout, reward, renderer
         )
-    from temper.envs.registry import build_env_spec
-
-    spec = build_env_spec(cfg.env.type, cfg.env.options, cfg.run.seed)
-    if spec.train is None or spec.heldout is None:
-        train, heldout = build_tasks(cfg.data, cfg.run.seed)
-    train = spec.train if spec.train is not None else train
-    heldout = spec.heldout if spec.heldout is not None else heldout
     reward = build_reward(cfg.reward) if cfg.env.add_reward else None
     source = EpisodeRollouts(
         engine, spec, tokenizer, cfg.env.limits, reward, cfg.env.max_concurrency

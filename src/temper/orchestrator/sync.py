@@ -39,7 +39,8 @@ from temper.monitor.sinks import (
     truncate_jsonl_after_step,
 )
 from temper.orchestrator.async_rollouts import AsyncRollouts
-from temper.orchestrator.build import build_engine, build_rollouts
+from temper.orchestrator.backend import publish_weights
+from temper.orchestrator.placement import build_backend
 from temper.orchestrator.run_dir import RunDir
 from temper.orchestrator.run_guard import RunGuard, check_can_learn, check_reward_functions
 from temper.rollout.multi_turn import episode_stats
@@ -156,18 +157,11 @@ class SyncOrchestrator:
         pad = self.tokenizer.pad_token_id
         # world_size > 1: FSDP2 ranks in child processes (temper.trainer.distributed).
         self.trainer = build_trainer(cfg, self.model, model_path, pad if pad is not None else 0)
+        # Engines (local, or in rollout workers) and the transport their weights take.
         if cfg.orchestrator.backend in ("process", "ray"):
-            # Engines live in worker processes; the source doubles as the engine here.
-            from temper.orchestrator.remote import build_remote_rollouts
-
             self.run_dir.create(cfg)  # the workers write their pid files into it
-            self.rollouts = build_remote_rollouts(
-                cfg, model_path, self.tokenizer, self.run_dir.path
-            )
-            self.engine = self.rollouts.source
-        else:
-            self.engine = build_engine(cfg, model_path, self.tokenizer)
-            self.rollouts = build_rollouts(cfg, self.engine, self.tokenizer)
+        self.backend = build_backend(cfg, model_path, self.tokenizer, self.run_dir.path)
+        self.rollouts = self.backend.rollouts
         self.sampler, self.eval_tasks = self.rollouts.train, self.rollouts.heldout
         self._check_prompts_fit()
         check_reward_functions(cfg, [*self.eval_tasks, *getattr(self.sampler, "tasks", [])])
@@ -200,7 +194,7 @@ class SyncOrchestrator:
         tasks += getattr(self.sampler, "tasks", [])
         for task in tasks:
             ids, _ = renderer.render(task)
-            check_prompt_fits(task, ids, self.engine.max_context)
+            check_prompt_fits(task, ids, self.backend.max_context)
 
     def _restore(self, ckpt: Path) -> None:
         state, trainer_state, rng = load_checkpoint_state(ckpt)
@@ -208,7 +202,7 @@ class SyncOrchestrator:
         self.sampler.load_state_dict(state["sampler"])
         set_rng_state(rng)
         self.start_step = int(state["step"])
-        self.engine.version = int(state["version"])
+        self.backend.version = int(state["version"])
         truncate_jsonl_after_step(self.run_dir.metrics, self.start_step)
         truncate_jsonl_after_step(self.run_dir.events, self.start_step)
         self.run_dir.drop_after(self.start_step)
@@ -242,7 +236,7 @@ class SyncOrchestrator:
     async def train_step(self, step: int) -> dict[str, Any]:
         cfg = self.cfg
         t0 = time.perf_counter()
-        version_before = self.engine.version
+        version_before = self.backend.version
         mode = cfg.orchestrator.mode
         if mode == "train_only":
             groups, rollout_stats = load_recorded_groups(cfg.orchestrator.train_from, step)
@@ -257,14 +251,14 @@ class SyncOrchestrator:
         self._last_trajs = flat
         failures = int(rollout_stats["reward_errors"])
         t2 = time.perf_counter()
-        release = getattr(self.engine, "release_memory", None)
         # Async: the engine keeps generating while the trainer steps, so it keeps its cache.
-        if (
-            release is not None
-            and cfg.engine.release_memory_during_train
-            and not self.async_rollouts
-        ):
-            release()
+        asleep = False
+        if not self.async_rollouts:
+            if self.backend.abilities.sleep and cfg.engine.sleep:
+                self.backend.sleep()  # colocated on a GPU: weights and cache freed
+                asleep = True
+            elif self.backend.abilities.release_memory and cfg.engine.release_memory_during_train:
+                self.backend.release_memory()
         kept, dropped = assign_advantages(
             groups, cfg.algo.advantage, cfg.orchestrator.drop_zero_variance_groups
         )
@@ -280,9 +274,11 @@ class SyncOrchestrator:
             train = await self._check_before_publish(
                 step, flat, train_stats, rollout_stats, snapshot
             )
+        if asleep:
+            self.backend.wake_up()
         if train:
             with stage("weight_sync"):
-                self.engine.update_weights(self.trainer.engine_state_dict(), version=step)
+                publish_weights(self.backend, self.trainer.engine_state_dict(), step)
             if self.async_rollouts is not None:
                 self.async_rollouts.weights_updated(step)
         t4 = time.perf_counter()
@@ -292,7 +288,7 @@ class SyncOrchestrator:
             groups_dropped=dropped,
             samples=len(flat),
             reward_errors=failures,
-            policy_version=self.engine.version,
+            policy_version=self.backend.version,
             time_generate_s=rollout_stats["time_generate_s"],
             time_reward_s=rollout_stats["time_reward_s"],
             time_train_s=t3 - t2,
@@ -306,9 +302,8 @@ class SyncOrchestrator:
         m["staleness_mean"] = sum(version_before - v for v in sampled) / max(len(sampled), 1)
         if self.async_rollouts is not None:
             m.update(self.async_rollouts.metrics())
-        worker_metrics = getattr(self.engine, "metrics", None)  # backend=process: workers/*
-        if worker_metrics is not None:
-            m.update(worker_metrics())
+        if self.backend.abilities.metrics:  # e.g. workers/* with rollout workers
+            m.update(self.backend.metrics())
         m["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         if cfg.env.enabled:
             m.update({f"env/{k}": v for k, v in episode_stats(flat).items()})
@@ -351,7 +346,7 @@ class SyncOrchestrator:
             self.model,
             self.tokenizer,
             self.trainer.state_dict(),
-            {"version": self.engine.version, "sampler": self.sampler.state_dict()},
+            {"version": self.backend.version, "sampler": self.sampler.state_dict()},
             keep=self.cfg.checkpoint.keep,
             write_extra=getattr(self.trainer, "write_sharded_state", None),
         )
@@ -402,7 +397,7 @@ class SyncOrchestrator:
             max_staleness=o.max_staleness,
             interrupt=o.interrupt,
             seed=self.cfg.run.seed * 1_000_003 + self.start_step * 100_000,
-            version=lambda: self.engine.version,
+            version=lambda: self.backend.version,
         )
         self.async_rollouts.start(self.start_step + 1)
 
@@ -474,8 +469,7 @@ class SyncOrchestrator:
     async def close(self) -> None:
         self.metrics.close()
         self.events.close()
-        await self.engine.close()
-        self.rollouts.close()
+        await self.backend.close()
         close_trainer = getattr(self.trainer, "close", None)  # stops FSDP ranks, if any
         if close_trainer is not None:
             close_trainer()

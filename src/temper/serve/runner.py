@@ -141,13 +141,15 @@ def run_server(
     """
     import uvicorn
 
-    from temper.engine import build_engine
-    from temper.models import load_model, load_tokenizer
+    from temper.config import config_from_dict
+    from temper.models import load_tokenizer, resolve_model_path
+    from temper.orchestrator.build import build_engine
 
     sock = _bind(host, port)
     try:
+        cfg = config_from_dict({"model": {"path": model}, "engine": {"type": engine_type}})
         tokenizer = load_tokenizer(model)
-        engine = build_engine(engine_type, load_model(model), tokenizer)
+        engine = build_engine(cfg, str(resolve_model_path(model)), tokenizer)
     except BaseException:
         sock.close()
         raise

@@ -21,6 +21,7 @@ rows, instead of in every row. The plan depends only on the rows' contents.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -93,6 +94,17 @@ class MicroBatch:
     @property
     def targets(self) -> torch.Tensor:
         return self.response_ids
+
+    def to(self, device: torch.device) -> MicroBatch:
+        """The same micro-batch with its tensors on ``device`` (itself on CPU)."""
+        if device.type == "cpu":
+            return self
+        moved = {
+            f.name: getattr(self, f.name).to(device)
+            for f in dataclasses.fields(self)
+            if isinstance(getattr(self, f.name), torch.Tensor)
+        }
+        return dataclasses.replace(self, **moved)
 
 
 def _right_padded(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:

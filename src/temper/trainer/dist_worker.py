@@ -130,12 +130,7 @@ class ShardedPolicyTrainer(PolicyTrainer):
                 finish_reason="",
             )
             mb = collate([filler], [0], self.pad_id)
-        return _to_device(_widen_responses(mb, 2), self.device)
-
-    def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.cfg.precision == "bf16":
-            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
+        return _widen_responses(mb, 2).to(self.device)
 
     def _reduce_sums(self, acc: dict[str, float]) -> dict[str, float]:
         # A rank that ran only empty micro-batches may lack keys (stats logged only for
@@ -182,17 +177,6 @@ def _widen_responses(mb: MicroBatch, width: int) -> MicroBatch:
         advantages=pad(mb.advantages, 0),
         behaviour_logprobs=pad(mb.behaviour_logprobs, 0),
     )
-
-
-def _to_device(mb: MicroBatch, device: torch.device) -> MicroBatch:
-    if device.type == "cpu":
-        return mb
-    moved = {
-        f.name: getattr(mb, f.name).to(device)
-        for f in dataclasses.fields(mb)
-        if isinstance(getattr(mb, f.name), torch.Tensor)
-    }
-    return dataclasses.replace(mb, **moved)
 
 
 # --- the command loop -------------------------------------------------------------------

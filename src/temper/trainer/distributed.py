@@ -282,6 +282,7 @@ def build_trainer(cfg: Any, model: torch.nn.Module, model_path: str, pad_id: int
     ``cfg`` is the whole run `Config`; ``model`` was loaded from ``model_path``.
     A KL reference is the configured base model (``model.path``), as at world size 1.
     """
+    from temper.devices import resolve_device
     from temper.models import load_model, resolve_model_path
     from temper.trainer.policy_trainer import PolicyTrainer
 
@@ -291,5 +292,7 @@ def build_trainer(cfg: Any, model: torch.nn.Module, model_path: str, pad_id: int
         return DistributedTrainer(
             model, model_path, cfg.trainer, cfg.algo, steps, pad_id, ref_path=ref_path
         )
-    ref = load_model(ref_path, dtype=torch.float32) if ref_path else None
+    device = resolve_device(cfg.trainer.device, "trainer.device")
+    model.to(device)
+    ref = load_model(ref_path, dtype=torch.float32).to(device) if ref_path else None
     return PolicyTrainer(model, cfg.trainer, cfg.algo, steps, pad_id=pad_id, ref_model=ref)

@@ -9,11 +9,17 @@ are explicit (a response continues at its prompt's true length, past the
 prompt padding) and the attention mask hides the padding, so the logits equal
 those of the plain ``prompt + response`` forward up to float rounding.
 
-It needs a model whose forward takes ``cache`` / ``position_ids`` and returns a
-`transformers` `DynamicCache` (Llama, Qwen2/3, Mistral and most decoder LMs).
+It needs a model whose forward takes a key/value cache and ``position_ids`` and
+returns a `transformers` `DynamicCache` (Llama, Qwen2/3, Mistral and most decoder
+LMs). transformers 5.20 renamed the cache argument and output from
+``past_key_values`` to ``cache``; both spellings are handled (vLLM's CPU build pins
+transformers below 5.20).
 """
 
 from __future__ import annotations
+
+import functools
+import inspect
 
 import torch
 
@@ -29,7 +35,7 @@ def response_logits(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
     first = last.index_select(0, mb.prompt_index).unsqueeze(1)  # [B, 1, V]
     if r == 1:
         return first.float()
-    cache = out.cache
+    cache = getattr(out, "cache", None) or out.past_key_values
     cache.batch_select_indices(mb.prompt_index)
     start = mb.prompt_lengths.index_select(0, mb.prompt_index).unsqueeze(1)
     positions = start + torch.arange(r - 1).unsqueeze(0)
@@ -38,7 +44,14 @@ def response_logits(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
         input_ids=mb.response_ids[:, :-1],
         attention_mask=mask[:, :-1],
         position_ids=positions,
-        cache=cache,
         use_cache=True,
+        **{_cache_argument(type(model)): cache},
     ).logits
     return torch.cat((first, rest), dim=1).float()
+
+
+@functools.cache
+def _cache_argument(model_class: type) -> str:
+    """``"cache"`` (transformers >= 5.20) or ``"past_key_values"`` (older)."""
+    params = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"

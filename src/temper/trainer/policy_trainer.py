@@ -35,6 +35,7 @@ from temper.algos import (
 )
 from temper.algos.off_policy import importance_weights
 from temper.config.schema import AlgoConfig, TrainerConfig
+from temper.devices import trainer_precision
 from temper.rollout.trajectory import Trajectory
 from temper.trainer.batching import MicroBatch, collate, plan_micro_batches
 from temper.trainer.forward import response_logits
@@ -76,6 +77,9 @@ class PolicyTrainer:
         ref_model: torch.nn.Module | None = None,
     ) -> None:
         self.model = model
+        # Where the model is (build_trainer put it on the configured device).
+        self.device = next(model.parameters()).device
+        self.precision = trainer_precision(cfg.precision, self.device)
         self.cfg = cfg
         self.algo = algo
         self.pad_id = pad_id
@@ -86,8 +90,8 @@ class PolicyTrainer:
         self.optimizer, self.scheduler = build_optimizer(model, cfg, optimizer_steps)
 
     def _autocast(self) -> contextlib.AbstractContextManager:
-        if self.cfg.precision == "bf16":
-            return torch.autocast(device_type="cpu", dtype=torch.bfloat16)
+        if self.precision == "bf16":
+            return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
     def _forward_logits(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
@@ -121,7 +125,7 @@ class PolicyTrainer:
         )
 
     def _collate(self, trajs: list[Trajectory], rows: list[int]) -> MicroBatch:
-        return collate(trajs, rows, self.pad_id)
+        return collate(trajs, rows, self.pad_id).to(self.device)
 
     def _reduce_sums(self, acc: dict[str, float]) -> dict[str, float]:
         """Combine per-process metric sums (``*_max`` keys by max); local: unchanged."""

@@ -1,6 +1,7 @@
 """temper.weights: versioned weight transports from trainer to engines."""
 
 from temper.weights.broadcast import BroadcastTransport
+from temper.weights.placement import local_transport, push_weights
 from temper.weights.safetensors_file import SafetensorsFileTransport
 from temper.weights.shm_ring import SharedMemoryRingTransport
 from temper.weights.transport import (
@@ -22,4 +23,6 @@ __all__ = [
     "TensorEntry",
     "WeightTransport",
     "WeightTransportError",
+    "local_transport",
+    "push_weights",
 ]

@@ -5,12 +5,12 @@
 - `process`: the worker process's serving loop and the orchestrator's handle
   (messages over a multiprocessing Pipe, heartbeats);
 - `pool.WorkerPool`: supervision, dispatch, retries, restarts;
-- `rollouts.RemoteRollouts`: the rollout source and engine facade the
-  orchestrator uses. See docs/workers.md.
+- `rollouts.RemoteBackend`: the `RolloutBackend` the orchestrator uses (its source
+  is `rollouts.PoolRolloutSource`). See docs/workers.md.
 """
 
 from temper.orchestrator.remote.pool import WorkerPool
-from temper.orchestrator.remote.rollouts import RemoteRollouts, build_remote_rollouts
+from temper.orchestrator.remote.rollouts import RemoteBackend
 from temper.orchestrator.remote.routing import WorkerError
 
-__all__ = ["RemoteRollouts", "WorkerError", "WorkerPool", "build_remote_rollouts"]
+__all__ = ["RemoteBackend", "WorkerError", "WorkerPool"]

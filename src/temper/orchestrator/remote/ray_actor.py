@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from temper.errors import ConfigError
+from temper.weights.placement import push_weights
 
 #: Methods for liveness checks run in this concurrency group: its own thread and
 #: event loop, so a long synchronous step in a request cannot make a live actor
@@ -92,7 +93,7 @@ class RayRolloutActor:
         _quiet_libraries()
         self.worker = RolloutWorker(cfg, model_path, None, version)
         if state is not None:
-            self.worker.engine.update_weights(state, version)
+            push_weights(self.worker.engine, state, version)
 
     async def info(self) -> dict[str, Any]:
         return self.worker.info()
@@ -110,9 +111,10 @@ class RayRolloutActor:
         if state is None:
             self.worker.engine.version = int(version)
         else:
-            # update_weights blocks until the engine's compute thread has loaded them:
-            # wait in a thread so requests already running keep being served.
-            await asyncio.to_thread(self.worker.engine.update_weights, state, version)
+            # The object store's copy goes through an in-process transport into the
+            # engine; loading blocks until the engine's compute thread has them, so
+            # wait in a thread and requests already running keep being served.
+            await asyncio.to_thread(push_weights, self.worker.engine, state, version)
         return self.worker.version
 
     async def close(self) -> None:

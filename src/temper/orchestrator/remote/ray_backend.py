@@ -1,33 +1,31 @@
-"""``orchestrator.backend = "ray"``: `RemoteRollouts` over a `RayWorkerPool`.
+"""``orchestrator.backend = "ray"``: `RemoteBackend` over a `RayWorkerPool`.
 
-The orchestrator sees the same rollout source and engine facade as with the
-process backend; only the pool differs (Ray actors in a placement group instead
-of local processes). See docs/scaling.md, "Ray".
+The orchestrator sees the same `RolloutBackend` as with the process backend;
+only the pool differs (Ray actors in a placement group instead of local
+processes). See docs/scaling.md, "Ray".
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from temper.config import Config
+from temper.orchestrator.backend import Rollouts
 from temper.orchestrator.remote.ray_actor import ray_settings, start_ray
 from temper.orchestrator.remote.ray_pool import RayWorkerPool
-from temper.orchestrator.remote.rollouts import _LIVE, RemoteRollouts, _ring_root
+from temper.orchestrator.remote.rollouts import RemoteBackend, _ring_root
 from temper.weights.shm_ring import SharedMemoryRingTransport
 
 
-def ray_rollouts(cfg: Config, model_path: str, run_dir: Path | None = None) -> RemoteRollouts:
+def start_ray_backend(cfg: Config, model_path: str, rollouts: Rollouts) -> RemoteBackend:
     """Start ``orchestrator.rollout_workers`` Ray actors for ``cfg``; wait until ready.
 
     Connects to Ray first unless this process already is (`start_ray`: a local
     cluster, or ``orchestrator.ray_address``). ``model_path`` must be readable
     on every node that runs an actor (a path inside the installed package, a
-    shared filesystem or the image). As `RemoteRollouts.start` does, weights are
+    shared filesystem or the image). As with the process backend, weights are
     published to a shared-memory ring on this machine; the pool ships each
-    version to the actors through the object store. ``run_dir`` is unused (actor
-    pids are in ``pool.pids()``; they may be on other machines).
+    version to the actors through the object store. Actor pids are in
+    ``pool.pids()`` (they may be on other machines).
     """
-    del run_dir
     start_ray(cfg)
     o = cfg.orchestrator
     _, placement, num_cpus = ray_settings(cfg)
@@ -42,11 +40,4 @@ def ray_rollouts(cfg: Config, model_path: str, run_dir: Path | None = None) -> R
         num_cpus=num_cpus,
         placement=placement,
     )
-    rollouts = RemoteRollouts(pool, ring, episodes=cfg.env.enabled)  # type: ignore[arg-type]
-    _LIVE.add(rollouts)  # closed at interpreter exit if its owner forgets
-    try:
-        rollouts.max_context = int(pool.start()["max_context"])
-    except BaseException:
-        rollouts._shutdown()
-        raise
-    return rollouts
+    return RemoteBackend(pool, ring, rollouts).started()  # type: ignore[arg-type]

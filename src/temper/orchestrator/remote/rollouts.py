@@ -1,15 +1,16 @@
-"""`RemoteRollouts`: the run's rollout source and engine, served by worker processes.
+"""`RemoteBackend`: rollouts made by worker processes (or Ray actors).
 
-With ``orchestrator.backend = "process"`` the orchestrator builds no local
-engine. It holds one `RemoteRollouts`, which is both
+With ``orchestrator.backend = "process"`` or ``"ray"`` the orchestrator builds no
+local engine. It holds one `RemoteBackend` (a `RolloutBackend`):
 
-- the rollout source (``async groups(tasks, params, seed)``): each task's group
-  is its own request to the `WorkerPool`, so groups spread over the workers and
-  a dead worker costs only its own groups (they are retried elsewhere); and
-- the engine as far as the loop is concerned: ``update_weights`` publishes to a
-  shared-memory ring and waits until every worker has loaded the version;
-  ``version``, ``max_context``, ``release_memory`` (always False: the workers
-  own their caches), ``close``.
+- its rollout source, `PoolRolloutSource` (``async groups(tasks, params, seed)``):
+  each task's group is its own request to the pool, so groups spread over the
+  workers and a dead worker costs only its own groups (they are retried
+  elsewhere);
+- its weight transport, a shared-memory ring: the loop publishes a version there
+  and ``load_weights`` returns once every worker has loaded it; ``version``,
+  ``max_context``, ``metrics`` (worker restarts and retries), ``close``. The
+  workers own their caches, so there is no memory to release here.
 
 Seeds: group i of a call with ``seed`` samples as it would locally (single-turn:
 the same per-task seed, so a group does not depend on which worker made it or
@@ -31,69 +32,29 @@ import time
 import weakref
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import torch
-
-from temper import compute
 from temper.config import Config
 from temper.data.base import Task
-from temper.engine.base import SamplingParams
+from temper.engine.base import EngineAbilities, SamplingParams
+from temper.errors import ConfigError
+from temper.orchestrator.backend import Rollouts
 from temper.orchestrator.remote.pool import WorkerPool
 from temper.orchestrator.remote.process import WorkerSpec
 from temper.rollout.sources import Groups
 from temper.rollout.trajectory import Trajectory
 from temper.weights.shm_ring import SharedMemoryRingTransport
 
-if TYPE_CHECKING:
-    from temper.orchestrator.build import Rollouts
-
 #: Per-task seed spacing, as in `temper.rollout.single_turn.rollout_groups`.
 _TASK_SEED_STRIDE = 100003
-_LIVE: weakref.WeakSet[RemoteRollouts] = weakref.WeakSet()
+_LIVE: weakref.WeakSet[RemoteBackend] = weakref.WeakSet()
 
 
-class RemoteRollouts:
-    """Rollout source + engine facade over a pool of rollout worker processes."""
+class PoolRolloutSource:
+    """The rollout source over a worker pool: each task's group is one request."""
 
-    def __init__(self, pool: WorkerPool, ring: SharedMemoryRingTransport, episodes: bool) -> None:
-        self.pool, self.ring, self.episodes = pool, ring, episodes
-        self._version = pool.target_version
-        self.max_context = 0
-        self._closed = False
-
-    @classmethod
-    def start(cls, cfg: Config, model_path: str, run_dir: Path | None = None) -> RemoteRollouts:
-        """Spawn ``orchestrator.rollout_workers`` workers for ``cfg`` and wait until ready.
-
-        ``model_path`` is what the workers build their engine from (the base model
-        or the checkpoint being resumed). Worker pid files go to ``run_dir/workers``.
-        """
-        o = cfg.orchestrator
-        ring = SharedMemoryRingTransport(_ring_root(cfg.run.name))
-        spec = WorkerSpec(cfg, model_path, str(ring.root), 0, o.heartbeat_timeout_s / 5)
-        pool = WorkerPool(
-            spec,
-            o.rollout_workers,
-            heartbeat_timeout_s=o.heartbeat_timeout_s,
-            max_retries=o.max_retries,
-            pid_dir=run_dir / "workers" if run_dir is not None else None,
-        )
-        self = cls(pool, ring, episodes=cfg.env.enabled)
-        _LIVE.add(self)
-        try:
-            self.max_context = int(pool.start()["max_context"])
-        except BaseException:
-            self._shutdown()
-            raise
-        return self
-
-    @staticmethod
-    def live() -> list[RemoteRollouts]:
-        """Every started, not yet closed instance in this process (tests use it)."""
-        return [r for r in _LIVE if not r._closed]
-
-    # ------------------------------------------------------------ rollout source
+    def __init__(self, pool: WorkerPool, episodes: bool) -> None:
+        self.pool, self.episodes = pool, episodes
 
     async def groups(
         self, tasks: list[Task], params: SamplingParams, seed: int | None = None
@@ -142,7 +103,57 @@ class RemoteRollouts:
         # Single-turn: the seed the local source would give task i (see the module doc).
         return ([task], replace(params, seed=seed * _TASK_SEED_STRIDE + i), None)
 
-    # ------------------------------------------------------------ engine facade
+
+class RemoteBackend:
+    """`RolloutBackend` over a pool of rollout workers; weights through a shm ring."""
+
+    abilities = EngineAbilities(weight_updates=True, metrics=True)
+
+    def __init__(
+        self, pool: WorkerPool, ring: SharedMemoryRingTransport, rollouts: Rollouts
+    ) -> None:
+        self.pool, self.weights, self.rollouts = pool, ring, rollouts
+        self._version = pool.target_version
+        self.max_context = 0
+        self._closed = False
+
+    @classmethod
+    def start(
+        cls, cfg: Config, model_path: str, rollouts: Rollouts, run_dir: Path | None = None
+    ) -> RemoteBackend:
+        """Spawn ``orchestrator.rollout_workers`` worker processes for ``cfg``; wait until ready.
+
+        ``model_path`` is what the workers build their engine from (the base model
+        or the checkpoint being resumed). ``rollouts`` holds the run's tasks; its
+        source is replaced by the pool's. Worker pid files go to ``run_dir/workers``.
+        """
+        o = cfg.orchestrator
+        ring = SharedMemoryRingTransport(_ring_root(cfg.run.name))
+        spec = WorkerSpec(cfg, model_path, str(ring.root), 0, o.heartbeat_timeout_s / 5)
+        pool = WorkerPool(
+            spec,
+            o.rollout_workers,
+            heartbeat_timeout_s=o.heartbeat_timeout_s,
+            max_retries=o.max_retries,
+            pid_dir=run_dir / "workers" if run_dir is not None else None,
+        )
+        return cls(pool, ring, rollouts).started()
+
+    def started(self) -> RemoteBackend:
+        """Start the pool and wait until every worker is ready (shut down on failure)."""
+        self.rollouts.source = PoolRolloutSource(self.pool, self.rollouts.env_spec is not None)
+        _LIVE.add(self)
+        try:
+            self.max_context = int(self.pool.start()["max_context"])
+        except BaseException:
+            self._shutdown()
+            raise
+        return self
+
+    @staticmethod
+    def live() -> list[RemoteBackend]:
+        """Every started, not yet closed instance in this process (tests use it)."""
+        return [r for r in _LIVE if not r._closed]
 
     @property
     def version(self) -> int:
@@ -155,14 +166,19 @@ class RemoteRollouts:
         self.pool.set_version(int(value))
         self._version = int(value)
 
-    def update_weights(self, state_dict: dict[str, torch.Tensor], version: int) -> None:
-        """Publish ``state_dict`` as ``version`` to the ring; return once every worker holds it."""
-        compute.run(self.ring.publish, state_dict, version)
+    def load_weights(self, version: int) -> None:
+        """Every worker loads ``version`` from the ring; returns once all hold it."""
         self.pool.set_version(version)
         self._version = version
 
     def release_memory(self) -> bool:
         return False  # the workers' caches are theirs; nothing to free here
+
+    def sleep(self) -> None:
+        raise ConfigError("rollout workers do not sleep")
+
+    def wake_up(self) -> None:
+        raise ConfigError("rollout workers do not sleep")
 
     def metrics(self) -> dict[str, float]:
         """``workers/restarts_total``, ``workers/retries_total``, ``workers/hung_total``,
@@ -170,8 +186,9 @@ class RemoteRollouts:
         return self.pool.metrics()
 
     async def close(self) -> None:
-        """Stop the workers (graceful, then SIGKILL) and remove the weight ring."""
+        """Stop the workers (graceful, then SIGKILL), remove the ring, close env and reward."""
         await asyncio.to_thread(self._shutdown)
+        self.rollouts.close()
 
     def _shutdown(self) -> None:
         if self._closed:
@@ -180,7 +197,7 @@ class RemoteRollouts:
         try:
             self.pool.close()
         finally:
-            self.ring.destroy()
+            self.weights.destroy()
 
 
 def _resolver(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any]) -> Any:
@@ -226,35 +243,5 @@ def _alive(pid: int) -> bool:
 @atexit.register
 def _close_all() -> None:
     """Never leave workers running: close any pool its owner forgot to close."""
-    for rollouts in list(_LIVE):
-        rollouts._shutdown()
-
-
-def build_remote_rollouts(cfg: Config, model_path: str, tokenizer: Any, run_dir: Path) -> Rollouts:
-    """The run's `Rollouts` (tasks, renderer, env spec) with a `RemoteRollouts` source.
-
-    Tasks come from the same places as in `orchestrator.build.build_rollouts`;
-    the reward and the engine live in the workers only.
-    """
-    from temper.orchestrator.build import Rollouts, build_tasks
-    from temper.rollout.single_turn import PromptRenderer
-
-    spec, renderer = None, None
-    if cfg.env.enabled:
-        from temper.envs.registry import build_env_spec
-
-        spec = build_env_spec(cfg.env.type, cfg.env.options, cfg.run.seed)
-        if spec.train is None or spec.heldout is None:
-            train, heldout = build_tasks(cfg.data, cfg.run.seed)
-        train = spec.train if spec.train is not None else train
-        heldout = spec.heldout if spec.heldout is not None else heldout
-    else:
-        train, heldout = build_tasks(cfg.data, cfg.run.seed)
-        renderer = PromptRenderer(tokenizer, cfg.data.system_prompt)
-    if cfg.orchestrator.backend == "ray":
-        from temper.orchestrator.remote.ray_backend import ray_rollouts
-
-        source = ray_rollouts(cfg, model_path, run_dir)
-    else:
-        source = RemoteRollouts.start(cfg, model_path, run_dir)
-    return Rollouts(source, train, heldout, None, renderer, spec)
+    for backend in list(_LIVE):
+        backend._shutdown()

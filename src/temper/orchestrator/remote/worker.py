@@ -101,8 +101,7 @@ class RolloutWorker:
         if self.ring is None or self.ring.latest_version() is None:
             self.engine.version = int(version)
             return self.version
-        state, got = self.ring.receive(version)
-        self.engine.update_weights(state, got)  # copies out of the ring slot
+        self.engine.load_weights(self.ring, version)  # copies out of the ring slot
         return self.version
 
     def ping(self) -> dict[str, Any]:

