@@ -109,6 +109,7 @@ def test_train_with_the_examples_function_and_rows(tmp_path):
         eval_dataset=example.rows(4, seed=1),
     )
     assert result.run_dir == tmp_path / "api"
+    assert result.stop_reason is None and result.interrupted_at is None
     metrics = [json.loads(x) for x in (result.run_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(metrics) == 2
     assert "reward/exact_sum" in metrics[0] and "reward/format" in metrics[0]

@@ -48,10 +48,17 @@ RewardLike = Callable[..., Any] | Mapping[str, Any]
 
 @dataclass
 class TrainResult:
-    """Where the run wrote its files, and its last evaluation ({} when none ran)."""
+    """Where the run wrote its files, its last evaluation ({} when none ran), and how it ended.
+
+    `stop_reason` is set when a health check stopped the run (`temper train` exits 3);
+    `interrupted_at` is the step a Ctrl-C stopped it at (exit 130; resume with
+    `run.resume`). Both None: the run finished.
+    """
 
     run_dir: Path
     final_eval: dict[str, Any]
+    stop_reason: str | None = None
+    interrupted_at: int | None = None
 
 
 def _config(config: ConfigLike) -> Config:
@@ -137,8 +144,10 @@ def write_rows(rows: Iterable[Mapping[str, Any]] | Any, path: Path, what: str) -
 
 def _check_run_dir_free(cfg: Config) -> None:
     """Refuse before writing any dataset file, as the run itself would refuse later."""
+    from temper.orchestrator.run_dir import holds_results
+
     path = Path(cfg.run.output_dir) / cfg.run.name
-    if path.is_dir() and any(path.iterdir()) and not (cfg.run.resume or cfg.run.overwrite):
+    if holds_results(path) and not (cfg.run.resume or cfg.run.overwrite):
         raise ConfigError(
             f"run directory {path} already exists; set run.overwrite or run.resume to use it"
         )
@@ -203,7 +212,10 @@ async def atrain(
         final = await orch.run()
     finally:
         await orch.close()
-    return TrainResult(Path(cfg.run.output_dir) / cfg.run.name, final)
+    guard = orch.guard
+    return TrainResult(
+        Path(cfg.run.output_dir) / cfg.run.name, final, guard.stop_reason, guard.interrupted_at
+    )
 
 
 def train(

@@ -284,25 +284,46 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
+    """Run training. Exit codes: 0 done; 2 bad input, or the run directory cannot be
+    written (full disk, read-only); 3 stopped by a health check (the run could not
+    learn); 130 interrupted (a checkpoint was written; continue with --run.resume=true).
+    """
     from temper.config import load_config
+    from temper.orchestrator.run_dir import is_write_error, write_error
     from temper.orchestrator.sync import SyncOrchestrator
 
     cfg = load_config(args.config, overrides)
     if args.profile and cfg.log.profile_step is None:
         cfg.log.profile_step = 1  # a step chosen in the config or overrides wins
+    run_path = Path(cfg.run.output_dir) / cfg.run.name
 
-    async def go() -> dict:
+    async def go() -> tuple[dict, SyncOrchestrator]:
         orch = SyncOrchestrator(cfg)
         try:
-            return await orch.run()
+            return await orch.run(), orch
         finally:
             await orch.close()
 
-    final = asyncio.run(go())
-    run_path = Path(cfg.run.output_dir) / cfg.run.name
+    try:
+        final, orch = asyncio.run(go())
+    except OSError as err:
+        if is_write_error(err, run_path):
+            raise write_error(err, run_path) from err
+        raise
     print(f"run directory: {run_path}  report: {run_path / 'report.html'}")
+    if orch.guard.interrupted_at is not None:
+        step = orch.guard.interrupted_at
+        saved = f"checkpoint step_{step} written" if step > orch.start_step else "no new step"
+        print(
+            f"temper: interrupted at step {step} ({saved}); continue with --run.resume=true",
+            file=sys.stderr,
+        )
+        return 130
     if final:
         print(json.dumps({k: v for k, v in final.items() if not isinstance(v, dict)}))
+    if orch.guard.stop_reason:
+        print(f"temper: error: {orch.guard.stop_reason}", file=sys.stderr)
+        return 3
     return 0
 
 

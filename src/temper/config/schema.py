@@ -27,10 +27,15 @@ class RunConfig(_Section):
     output_dir: str = Field("runs", description="Parent folder of run directories.")
     seed: int = Field(0, ge=0, description="Seeds sampling, data order and initialisation.")
     overwrite: bool = Field(
-        False, description="Replace an existing run directory instead of refusing to start."
+        False,
+        description="Replace an existing run directory instead of refusing to start (only "
+        "once the config, model, data and reward have been checked).",
     )
-    resume: bool = Field(
-        False, description="Continue from the newest checkpoint in the run directory."
+    resume: bool | Literal["auto"] = Field(
+        False,
+        description="Continue from the newest checkpoint in the run directory. true: fail "
+        '(exit 2) when there is none; "auto": start fresh when there is none. A changed '
+        "config is recorded as config.resumed_step_N.toml beside config.toml.",
     )
     threads: int = Field(0, ge=0, description="torch intra-op threads; 0 keeps torch's default.")
 

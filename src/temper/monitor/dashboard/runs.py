@@ -26,6 +26,8 @@ _ACTION_LEVEL = {"stop": "error", "skip": "warning", "warn": "warning"}
 _KIND_LEVEL = {
     "stopped_by_health_check": "error",
     "reward_errors": "warning",
+    "reward_error": "warning",
+    "resumed": "info",
     "time_budget_reached": "info",
     "profile": "info",
 }
