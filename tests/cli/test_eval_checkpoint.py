@@ -18,6 +18,7 @@ eval_size = 3
 type = "exact"
 [eval]
 k = 1
+max_response_tokens = 8
 """
 
 
@@ -52,6 +53,9 @@ def test_an_explicit_config_still_wins(tmp_path, monkeypatch):
     (tmp_path / "default.toml").write_text("")  # the built-in arithmetic run
     out = tmp_path / "eval.json"
     argv = ["eval", "default.toml", "--checkpoint", "runs/x/checkpoints/step_2"]
-    assert main([*argv, "--eval.size=4", "--eval.k=1", f"--out={out}"]) == 0
+    assert (
+        main([*argv, "--eval.size=2", "--eval.k=1", "--eval.max_response_tokens=8", f"--out={out}"])
+        == 0
+    )
     result = json.loads(out.read_text())
-    assert result["n_tasks"] == 4 and "words" not in result["by_category"]
+    assert result["n_tasks"] == 2 and "words" not in result["by_category"]
