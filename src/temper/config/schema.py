@@ -461,7 +461,11 @@ class EvalConfig(_Section):
 
 class LogConfig(_Section):
     trajectories_per_step: int = Field(8, ge=0, description="Samples saved per step.")
-    progress: bool = Field(True, description="Show the live progress bar.")
+    progress: bool = Field(
+        True,
+        description="Show progress on stderr: a live bar on a terminal, else one plain line per "
+        "step (at most one per TEMPER_PROGRESS_EVERY_S seconds when that is set).",
+    )
     sinks: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
         default_factory=list,
         description="Metric sinks written next to metrics.jsonl (numeric scalars only). "
