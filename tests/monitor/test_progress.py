@@ -43,6 +43,17 @@ def test_a_pipe_gets_one_plain_line_per_step():
         assert " eta " in line and "━" not in line  # no bar frame in the log
 
 
+def test_eta_counts_steps_not_the_start_up_before_them():
+    from temper.monitor.progress import PlainProgress
+
+    plain = PlainProgress(total=10, start=0, every_s=0.0, stream=io.StringIO())
+    began = plain._began
+    # 100 s of start-up (model load, first eval) before step 1, then 10 s per step.
+    assert plain.line(1, METRICS, began + 110).endswith("elapsed 0:01:50  eta 0:16:30")
+    assert plain.line(2, METRICS, began + 120).endswith("elapsed 0:02:00  eta 0:01:20")
+    assert plain.line(4, METRICS, began + 140).endswith("elapsed 0:02:20  eta 0:01:00")
+
+
 def test_long_messages_are_not_wrapped_and_brackets_are_text():
     progress, out = _piped(2)
     message = "[health] step 1: " + "x" * 150

@@ -61,11 +61,20 @@ class PlainProgress:
         self.total, self.start, self.every_s, self.stream = total, start, every_s, stream
         self._began = time.monotonic()
         self._last_print: float | None = None
+        #: (step, time) of the first update: later ETAs leave out what came before it
+        #: (model load, the first eval), which would make every estimate too long.
+        self._first: tuple[int, float] | None = None
 
     def line(self, step: int, metrics: dict[str, Any], now: float) -> str:
+        if self._first is None:
+            self._first = (step, now)
         elapsed = now - self._began
-        done = step - self.start
-        eta = elapsed / done * (self.total - step) if done > 0 else 0.0
+        first_step, first_time = self._first
+        if step > first_step:
+            per_step = (now - first_time) / (step - first_step)
+        else:
+            per_step = elapsed / max(1, step - self.start)
+        eta = per_step * (self.total - step)
         return (
             f"step {step}/{self.total}  {stats_text(metrics)}  "
             f"elapsed {_clock(elapsed)}  eta {_clock(eta)}"
