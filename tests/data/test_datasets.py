@@ -47,8 +47,9 @@ def test_field_mapping_and_gsm8k_extraction(tmp_path):
     assert [t.id for t in tasks] == ["a", "b"]
     assert [t.answer for t in tasks] == ["4", "1500"]
     assert [t.category for t in tasks] == ["easy", "hard"]
-    # The raw answer column is kept under its own name for TRL-style reward functions.
-    assert tasks[0].columns == {"solution": ROWS[0]["solution"]}
+    # The raw answer and category columns are kept under their own names for TRL-style
+    # reward functions.
+    assert tasks[0].columns == {"solution": ROWS[0]["solution"], "level": "easy"}
     assert tasks[0].messages() == [{"role": "user", "content": "What is 2+2?"}]
 
 

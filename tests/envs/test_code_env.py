@@ -105,7 +105,7 @@ def test_humaneval_canonical_solutions_all_pass_and_wrong_ones_fail(pool):
         (t.id, r.reason, r.error) for t, r in zip(tasks, good, strict=True) if not r.all_passed
     ]
     assert failed == [] and sum(r.all_passed for r in good) == 164
-    assert elapsed < 60, elapsed
+    assert elapsed < 300, elapsed  # a hang guard, not a speed test (load varies)
     wrong = asyncio.run(_gather_tests(pool, [(t, _stub(t.columns["entry_point"])) for t in tasks]))
     assert not any(r.all_passed for r in wrong)
     assert sum(r.passed for r in wrong) < sum(r.total for r in wrong) / 10
@@ -215,6 +215,8 @@ def test_spec_options_are_validated():
         {"test_timeout_s": True},
         {"detect_hacks": "yes"},
         {"detect_hacks": 1},
+        {"zero_hacks": "sometimes"},
+        {"zero_hacks": True},
     ):
         with pytest.raises(ConfigError, match=r"env\.options"):
             spec(bad, 0)

@@ -211,10 +211,41 @@ def test_evals_and_events(client, runs):
     assert [e["step"] for e in evals] == [0, 4]
     assert evals[1]["pass@1"] is None  # NaN in the eval file is sent as null, not a 500
     events = client.get("/api/runs/demo/events").json()
-    assert events["records"] == read_jsonl(runs / "demo" / "events.jsonl")
+    written = read_jsonl(runs / "demo" / "events.jsonl")
+    # The file's records, each with a level: its own, else derived from its kind.
+    assert events["records"] == [{"level": "warning", **r} for r in written]
     assert client.get("/api/runs/demo/events", params={"since": 1}).json()["records"][0][
         "kind"
     ] == ("entropy_collapse")
+
+
+def _run_with_events(root: Path, name: str, events: list[dict], finished: bool = False) -> None:
+    run = root / name
+    run.mkdir(parents=True)
+    (run / "metrics.jsonl").write_text(json.dumps(step_metrics(1)) + "\n")
+    (run / "events.jsonl").write_text("".join(json.dumps(e) + "\n" for e in events))
+    if finished:
+        (run / "report.html").write_text("<html></html>")
+
+
+STOP_ALERT = {"step": 1, "kind": "alert", "check": "nan", "message": "loss is NaN",
+              "action": "stop", "value": float("nan")}  # fmt: skip
+
+
+def test_runs_have_a_status_and_events_a_level(tmp_path):
+    _run_with_events(
+        tmp_path, "crashed", [STOP_ALERT, {"step": 1, "kind": "stopped_by_health_check"}]
+    )
+    _run_with_events(tmp_path, "done", [{**STOP_ALERT, "action": "warn"}], finished=True)
+    _run_with_events(tmp_path, "live", [{"step": 1, "kind": "time_budget_reached"}])
+    with DashboardServer(tmp_path) as srv, httpx.Client(base_url=srv.url, timeout=30) as c:
+        runs = {r["name"]: r["status"] for r in c.get("/api/runs").json()["runs"]}
+        assert runs == {"crashed": "failed", "done": "finished", "live": "running"}
+        levels = {
+            name: [e["level"] for e in c.get(f"/api/runs/{name}/events").json()["records"]]
+            for name in runs
+        }
+    assert levels == {"crashed": ["error", "error"], "done": ["warning"], "live": ["info"]}
 
 
 def test_live_update_appended_line_is_served(tmp_path):

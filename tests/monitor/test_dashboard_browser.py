@@ -308,8 +308,48 @@ def test_alerts_table(page, server, runs):
     assert len(rows) == 4  # two events in each run
     assert any("entropy_collapse" in r and "entropy fell" in r for r in rows)
     assert page.eval("document.getElementById('alert-count').textContent") == "4"
-    assert page.eval("document.querySelectorAll('#alerts-table tr.level-warning').length") == 2
+    # Every row has a level: entropy_collapse its own, reward_errors one derived from its kind.
+    levels = page.eval(
+        "[...document.querySelectorAll('#alerts-table tr.alert td:nth-child(4)')]"
+        ".map(td => td.textContent)"
+    )
+    assert levels == ["warning"] * 4
+    assert page.eval("document.querySelectorAll('#alerts-table tr.level-warning').length") == 4
     page.screenshot("alerts")
+
+
+def test_failed_runs_are_not_selected_and_every_run_has_its_own_colour(page, tmp_path):
+    for i in range(30):
+        run = tmp_path / f"run{i:02d}"
+        run.mkdir()
+        JsonlSink(run / "metrics.jsonl").write(step_metrics(1, shift=i / 100))
+        if i % 10 == 3:  # stopped by a health check
+            event = {"step": 1, "kind": "alert", "check": "nan", "action": "stop", "value": 0.0}
+            JsonlSink(run / "events.jsonl").write(event)
+    failed = {f"run{i:02d}" for i in (3, 13, 23)}
+    with DashboardServer(tmp_path, poll_ms=300) as srv:
+        page.goto(f"{srv.url}/#metrics")
+        page.wait_for("document.querySelectorAll('.run-item').length === 30")
+        checked = page.eval(
+            "[...document.querySelectorAll('.run-item')]"
+            ".filter(l => l.querySelector('input').checked).map(l => l.dataset.run)"
+        )
+        assert set(checked) == {f"run{i:02d}" for i in range(30)} - failed
+        marked = page.eval(
+            "[...document.querySelectorAll('.run-item')]"
+            ".filter(l => l.querySelector('.status-failed')).map(l => l.dataset.run)"
+        )
+        assert set(marked) == failed
+        # The colour each swatch is drawn with, as the browser computed it.
+        colours = page.eval(
+            "[...document.querySelectorAll('.run-item .swatch')]"
+            ".map(s => getComputedStyle(s).backgroundColor)"
+        )
+        assert len(colours) == 30 and len(set(colours)) == 30
+        page.screenshot("thirty-runs")
+        # Leave the page before this server goes away, so it stops polling it.
+        page.send("Page.navigate", url="about:blank")
+        page.wait_for("location.href === 'about:blank' && document.readyState === 'complete'")
 
 
 def test_trajectory_browser_single_turn(page, server, runs):

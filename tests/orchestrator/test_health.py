@@ -88,7 +88,7 @@ def test_stop_action_checkpoints_and_stops_a_real_run(tmp_path):
             "--health.entropy_collapse.action=stop",
         ]
     )
-    assert code == 0
+    assert code == 3  # stopped by a health check: not a success
     run = tmp_path / "h"
     metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [m["step"] for m in metrics] == [1]
@@ -122,6 +122,7 @@ def _skip_run(root, name: str, steps: int, mismatch_threshold: float) -> tuple[l
             "--log.progress=false",
             f"--health.mismatch.threshold={mismatch_threshold}",
             "--health.mismatch.action=skip",
+            "--health.no_update.enabled=false",  # every update undone: "no update" is expected
         ]
     )
     assert code == 0
@@ -151,3 +152,37 @@ def test_skip_keeps_good_updates(tmp_path):
     metrics, shipped, final = _skip_run(tmp_path, "noskip", steps=1, mismatch_threshold=10)
     assert "update_skipped" not in metrics[0] and metrics[0]["policy_version"] == 1
     assert any(not torch.equal(final[name], shipped[name]) for name in shipped)
+
+
+def test_learning_checks_fire_once_per_streak():
+    mon = HealthMonitor(HealthConfig(no_update=HealthCheck(threshold=3, action="warn")))
+    idle = {"groups_kept": 2, "groups_dropped": 0, "samples": 8, "reward_errors": 0}
+    trained = {**idle, "loss": 0.1}
+    fired = [_kinds(mon.check_learning(s, idle)) for s in range(1, 6)]
+    assert fired == [[], [], ["no_update"], [], []]
+    assert mon.check_learning(6, trained) == []
+    assert mon.check_learning(7, {**trained, "update_skipped": 1.0}) == []
+
+
+def test_reward_errors_above_the_share_fire():
+    mon = HealthMonitor(HealthConfig())
+    step = {"groups_kept": 1, "groups_dropped": 0, "loss": 0.1, "samples": 8}
+    assert mon.check_learning(1, {**step, "reward_errors": 4}) == []  # 50%: not above
+    [alert] = mon.check_learning(2, {**step, "reward_errors": 5})
+    assert alert.kind == "reward_errors" and alert.action == "stop"
+    assert "failed on 5 of 8 samples" in alert.message
+
+
+def test_all_groups_dropped_over_the_whole_short_run():
+    mon = HealthMonitor(HealthConfig())
+    dropped = {"groups_kept": 0, "groups_dropped": 4, "samples": 16, "reward_errors": 0}
+    assert mon.check_learning(1, dropped) == []
+    [alert] = mon.check_learning(2, dropped, last=True)  # every step of the run: fires
+    assert alert.kind == "all_groups_dropped" and "no learning signal" in alert.message
+
+
+def test_no_update_is_not_checked_without_training():
+    mon = HealthMonitor(HealthConfig())
+    idle = {"groups_kept": 2, "groups_dropped": 0, "samples": 8, "reward_errors": 0}
+    assert all(mon.check_learning(s, idle, trains=False) == [] for s in range(1, 30))
+    assert mon.check_learning(30, idle, last=True, trains=False) == []

@@ -7,6 +7,7 @@ spans and the torch ops the compute thread ran inside them.
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -96,6 +97,9 @@ def test_profile_flag_sets_step_one_unless_a_step_is_configured(
     seen = []
 
     class FakeOrchestrator:
+        # Neither stopped by a health check nor interrupted.
+        guard = SimpleNamespace(stop_reason=None, interrupted_at=None)
+
         def __init__(self, cfg):
             seen.append(cfg.log.profile_step)
 

@@ -88,3 +88,51 @@ def test_close_reaches_components():
     with WeightedSum([(Closable("a", []), 1.0), (BoxedFormatReward(), 1.0)]):
         pass
     assert closed == ["a"]
+
+
+def _trl(fn, name):
+    from temper.rewards import TRLRewardFunction
+
+    return TRLRewardFunction(fn, name=name)
+
+
+def test_none_is_skipped_by_the_weighted_sum():
+    # TRL semantics: None = "this function does not apply here"; the sum skips it.
+    only_b = _trl(lambda completions, **kw: [None, 2.0], "only_b")
+    always = _trl(lambda completions, **kw: [1.0, 1.0], "always")
+    out = asyncio.run(WeightedSum([(only_b, 1.0), (always, 0.5)]).score(INPUTS))
+    assert [r.score for r in out] == [0.5, 2.5]
+    assert out[0].components == {"always": 1.0} and out[0].error is None
+    assert out[1].components == {"only_b": 2.0, "always": 1.0}
+
+
+def test_a_sample_no_component_applies_to_is_an_error():
+    nothing = _trl(lambda completions, **kw: [None, None], "nothing")
+    out = asyncio.run(WeightedSum([(nothing, 1.0)]).score(INPUTS))
+    assert all("no reward component applies" in r.error for r in out)
+
+
+def test_nan_or_inf_component_scores_are_errors():
+    bad = Scripted("bad", [RewardResult(score=math.nan), RewardResult(score=math.inf)])
+    out = asyncio.run(WeightedSum([(bad, 1.0), (BoxedFormatReward(), 1.0)]).score(INPUTS))
+    assert [r.score for r in out] == [1.0, 0.0]  # the format component still counts
+    assert out[0].error == "bad: returned nan; expected a finite number"
+    assert out[1].error == "bad: returned inf; expected a finite number"
+
+
+class RaisesOnEmpty:
+    """A batched reward that raises for the whole batch when one completion is empty."""
+
+    name = "length"
+
+    async def score(self, inputs):
+        return [RewardResult(score=1.0 / len(i.completion_text)) for i in inputs]
+
+
+def test_a_component_that_raises_is_scored_one_by_one():
+    inputs = [*INPUTS, RewardInput(Task(id="c", prompt="q"), "q", "")]
+    out = asyncio.run(WeightedSum([(RaisesOnEmpty(), 1.0)]).score(inputs))
+    assert out[0].score == pytest.approx(1 / 9) and out[0].error is None
+    assert out[1].score == pytest.approx(1 / 6) and out[1].error is None
+    assert out[2].score == 0.0
+    assert out[2].error == "length: raised ZeroDivisionError: float division by zero"

@@ -14,7 +14,9 @@ from temper.sandbox import Sandbox, SandboxConfig, SandboxPool
 from temper.sandbox.bwrap import probe
 
 CONFIG = SandboxConfig(
-    timeout_s=1.5,
+    # Long enough for a snippet to start on a loaded 2-core machine, short
+    # enough for the hostile ones that run into it.
+    timeout_s=3.0,
     cpu_s=5,
     memory_mb=256,
     fsize_mb=1,

@@ -13,6 +13,7 @@ import asyncio
 import json
 import os
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -72,20 +73,19 @@ def _add_limit_flags(p: argparse.ArgumentParser) -> None:
         "--max-body-mb",
         type=float,
         default=DEFAULT_MAX_BODY_MB,
-        help=f"larger request bodies get HTTP 413 (default {DEFAULT_MAX_BODY_MB:g} MiB)",
+        help="larger request bodies get HTTP 413 (MiB)",
     )
     p.add_argument(
         "--header-timeout-s",
         type=float,
         default=DEFAULT_HEADER_TIMEOUT_S,
-        help="close a connection whose request head takes longer "
-        f"(default {DEFAULT_HEADER_TIMEOUT_S:g})",
+        help="close a connection whose request head takes longer (seconds)",
     )
     p.add_argument(
         "--body-timeout-s",
         type=float,
         default=DEFAULT_BODY_TIMEOUT_S,
-        help=f"HTTP 408 for a body not received within this (default {DEFAULT_BODY_TIMEOUT_S:g})",
+        help="HTTP 408 for a body not received within this (seconds)",
     )
 
 
@@ -95,19 +95,128 @@ def _limits(args: argparse.Namespace) -> Any:
     return HTTPLimits.from_flags(args.max_body_mb, args.header_timeout_s, args.body_timeout_s)
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Epilogs keep their line breaks; every flag with a real default shows it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        shown = default not in (None, False, argparse.SUPPRESS) and action.option_strings
+        if shown and "%(default)" not in text:
+            text += " (default: %(default)s)"
+        return text
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose epilog may be built only when help is shown.
+
+    `temper train --help` lists every config key; building that list imports the
+    schema, which the other commands' start-up need not pay for.
+    """
+
+    def __init__(self, *args: Any, epilog_fn: Any = None, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+        self.epilog_fn = epilog_fn
+
+    def format_help(self) -> str:
+        if self.epilog_fn is not None:
+            self.epilog = self.epilog_fn()
+        return super().format_help()
+
+
+def override_keys() -> dict[str, list[str]]:
+    """Each config section and its keys, as dotted overrides name them."""
+    from temper.config.schema import Config
+
+    out: dict[str, list[str]] = {}
+    for name, field in Config.model_fields.items():
+        section = field.annotation
+        out[name] = list(getattr(section, "model_fields", {}))
+    return out
+
+
+def _overrides_epilog(command: str) -> str:
+    lines = [
+        "config overrides:",
+        "  Any config key is a flag: --SECTION.KEY=VALUE or --SECTION.KEY VALUE.",
+        '  The value is a TOML literal (3e-4, true, "text", [1, 2]) or else plain',
+        "  text; overrides apply after CONFIG. Every key, its type and default:",
+        "  docs/config.md; the resolved config: temper config show [CONFIG] [overrides].",
+        "",
+        "examples:",
+        f"  temper {command} configs/arithmetic_grpo.toml --trainer.lr=3e-4",
+        f"  temper {command} --run.name demo2 --orchestrator.steps 50",
+        f"  temper {command} cfg.toml '--log.sinks=[\"tensorboard\"]' --model.path=./ckpt",
+        "",
+        "keys by section:",
+    ]
+    for section, keys in override_keys().items():
+        lines += textwrap.wrap(
+            ", ".join(keys),
+            width=79,
+            initial_indent=f"  {section}.",
+            subsequent_indent=" " * (len(section) + 3),
+        )
+    return "\n".join(lines)
+
+
+def _add_config_parser(sub: Any) -> None:
+    c = sub.add_parser("config", help="show the resolved config")
+    csub = c.add_subparsers(
+        dest="config_command", required=True, parser_class=_Parser, help="what to do"
+    )
+    show = csub.add_parser(
+        "show",
+        help="print the resolved config (CONFIG and overrides over the defaults) as TOML",
+        description="Print the resolved config as TOML: the defaults, then CONFIG, then\n"
+        "the overrides; relative paths are shown resolved. Unset keys are left out.",
+        epilog_fn=lambda: _overrides_epilog("config show"),
+    )
+    show.add_argument("config", nargs="?", help="TOML config file")
+
+
+def cmd_config(args: argparse.Namespace, overrides: list[str]) -> int:
+    from temper.config import dump_config, load_config
+
+    print(dump_config(load_config(args.config, overrides)), end="")
+    return 0
+
+
+def _version() -> str:
+    from temper import __version__
+
+    return f"temper {__version__}"
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="temper", description="RL post-training for LMs.")
-    sub = p.add_subparsers(dest="command", required=True)
-    t = sub.add_parser("train", help="run RL training (no CONFIG: the built-in default run)")
+    p = _Parser(prog="temper", description="RL post-training for LMs.")
+    p.add_argument("--version", action="version", version=_version())
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    t = sub.add_parser(
+        "train",
+        help="run RL training (no CONFIG: the built-in default run)",
+        description="Run RL training. With no CONFIG: the built-in default run\n"
+        "(the tiny model learning arithmetic with GRPO).",
+        epilog_fn=lambda: _overrides_epilog("train"),
+    )
     t.add_argument("config", nargs="?", help="TOML config file")
     t.add_argument(
         "--profile",
         action="store_true",
         help="write a Chrome trace of one step to <run>/profile/ (log.profile_step, else step 1)",
     )
-    e = sub.add_parser("eval", help="evaluate a model or checkpoint on held-out tasks")
+    e = sub.add_parser(
+        "eval",
+        help="evaluate a model or checkpoint on held-out tasks",
+        epilog_fn=lambda: _overrides_epilog("eval"),
+    )
     e.add_argument("config", nargs="?", help="TOML config file")
-    e.add_argument("--checkpoint", help="model or checkpoint directory (overrides model.path)")
+    e.add_argument(
+        "--checkpoint",
+        help="model or checkpoint directory (overrides model.path); with no CONFIG, a "
+        "runs/X/checkpoints/step_N is evaluated on run X's config.toml (its data, env, reward)",
+    )
     e.add_argument("--out", help="write the JSON result here")
     e.add_argument(
         "--suite",
@@ -118,19 +227,23 @@ def _parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="sample completions for a prompt")
     g.add_argument("prompt", help="user message")
     g.add_argument("--model", default="tiny", help='model directory or "tiny"')
-    g.add_argument("--n", type=int, default=1)
-    g.add_argument("--temperature", type=float, default=0.0)
-    g.add_argument("--max-new-tokens", type=int, default=64)
-    g.add_argument("--seed", type=int, default=None)
+    g.add_argument("--n", type=int, default=1, help="completions to sample")
+    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    g.add_argument("--max-new-tokens", type=int, default=64, help="length limit of each")
+    g.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
     r = sub.add_parser("report", help="(re)write report.html and plots for a run directory")
-    r.add_argument("run_dir")
-    ins = sub.add_parser("inspect", help="best and worst samples of one step of a run")
-    ins.add_argument("run_dir")
-    ins.add_argument("--step", type=int, required=True)
+    r.add_argument("run_dir", help="a run directory (holds metrics.jsonl)")
+    ins = sub.add_parser(
+        "inspect", help="a run's saved steps, or the best and worst samples of one step"
+    )
+    ins.add_argument("run_dir", help="a run directory")
+    ins.add_argument(
+        "--step", type=int, default=None, help="training step to show (default: list every step)"
+    )
     ins.add_argument("--k", type=int, default=3, help="samples shown at each end")
     cmp = sub.add_parser("compare", help="two runs side by side: metrics and config diff")
-    cmp.add_argument("run_a")
-    cmp.add_argument("run_b")
+    cmp.add_argument("run_a", help="first run directory")
+    cmp.add_argument("run_b", help="second run directory")
     rp = sub.add_parser(
         "replay", help="re-run a run's env on recorded episodes; check observations and rewards"
     )
@@ -144,59 +257,94 @@ def _parser() -> argparse.ArgumentParser:
         dest="engine",
         default="native",
         choices=["native", "hf", "vllm"],
+        help="generation engine",
     )
-    sv.add_argument("--host", default="127.0.0.1")
-    sv.add_argument("--port", type=int, default=8000)
-    sv.add_argument("--served-model-name", default=None, help="model id clients send")
+    sv.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    sv.add_argument("--port", type=int, default=8000, help="port to listen on")
+    sv.add_argument(
+        "--served-model-name", default=None, help="model id clients send (default: --model)"
+    )
     _add_limit_flags(sv)
     rm = sub.add_parser("serve-rm", help="serve a reward model (POST /score) with dynamic batching")
     rm.add_argument(
         "model", help='directory of a one-label sequence-classification model, or "tiny-rm"'
     )
-    rm.add_argument("--host", default="127.0.0.1")
-    rm.add_argument("--port", type=int, default=8001)
-    rm.add_argument("--max-batch-size", type=int, default=32)
-    rm.add_argument("--max-wait-ms", type=float, default=5.0)
+    rm.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    rm.add_argument("--port", type=int, default=8001, help="port to listen on")
+    rm.add_argument("--max-batch-size", type=int, default=32, help="pairs scored in one forward")
+    rm.add_argument("--max-wait-ms", type=float, default=5.0, help="wait this long to fill a batch")
     rm.add_argument("--max-queue", type=int, default=1024, help="queued pairs before HTTP 503")
     _add_limit_flags(rm)
+    _add_config_parser(sub)
     d = sub.add_parser("dash", help="live web dashboard over the run directories in RUNS_DIR")
-    d.add_argument("runs_dir", nargs="?", default="runs", help="folder of runs (default: runs)")
-    d.add_argument("--host", default="127.0.0.1")
-    d.add_argument("--port", type=int, default=8765)
+    d.add_argument("runs_dir", nargs="?", default="runs", help="folder of runs")
+    d.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    d.add_argument("--port", type=int, default=8765, help="port to listen on")
     return p
 
 
 def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
+    """Run training. Exit codes: 0 done; 2 bad input, or the run directory cannot be
+    written (full disk, read-only); 3 stopped by a health check (the run could not
+    learn); 130 interrupted (a checkpoint was written; continue with --run.resume=true).
+    """
     from temper.config import load_config
+    from temper.orchestrator.run_dir import is_write_error, write_error
     from temper.orchestrator.sync import SyncOrchestrator
 
     cfg = load_config(args.config, overrides)
     if args.profile and cfg.log.profile_step is None:
         cfg.log.profile_step = 1  # a step chosen in the config or overrides wins
+    run_path = Path(cfg.run.output_dir) / cfg.run.name
 
-    async def go() -> dict:
+    async def go() -> tuple[dict, SyncOrchestrator]:
         orch = SyncOrchestrator(cfg)
         try:
-            return await orch.run()
+            return await orch.run(), orch
         finally:
             await orch.close()
 
-    final = asyncio.run(go())
-    run_path = Path(cfg.run.output_dir) / cfg.run.name
+    try:
+        final, orch = asyncio.run(go())
+    except OSError as err:
+        if is_write_error(err, run_path):
+            raise write_error(err, run_path) from err
+        raise
     print(f"run directory: {run_path}  report: {run_path / 'report.html'}")
+    if orch.guard.interrupted_at is not None:
+        step = orch.guard.interrupted_at
+        saved = f"checkpoint step_{step} written" if step > orch.start_step else "no new step"
+        print(
+            f"temper: interrupted at step {step} ({saved}); continue with --run.resume=true",
+            file=sys.stderr,
+        )
+        return 130
     if final:
         print(json.dumps({k: v for k, v in final.items() if not isinstance(v, dict)}))
+    if orch.guard.stop_reason:
+        print(f"temper: error: {orch.guard.stop_reason}", file=sys.stderr)
+        return 3
     return 0
 
 
+def _eval_config(args: argparse.Namespace, overrides: list[str]) -> Any:
+    """CONFIG, else the config of the run that wrote --checkpoint, else the default run."""
+    from temper.config.load import load_config, load_run_config, run_config_path
+
+    run_config = run_config_path(args.checkpoint) if args.checkpoint else None
+    if args.config is None and run_config is not None:
+        print(f"config: {run_config} (the checkpoint's run)", file=sys.stderr)
+        return load_run_config(run_config, overrides)
+    return load_config(args.config, overrides)
+
+
 def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> int:
-    from temper.config import load_config
     from temper.eval.report import print_eval_table
     from temper.eval.run import run_eval
 
     if args.checkpoint:
         overrides = [*overrides, f"model.path={json.dumps(args.checkpoint)}"]
-    cfg = load_config(args.config, overrides)
+    cfg = _eval_config(args, overrides)
     result = asyncio.run(run_eval(cfg, args.suite, args.suite_path))
     print_eval_table(result)
     if args.out:
@@ -230,9 +378,12 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    from temper.monitor.inspect import inspect_step
+    from temper.monitor.inspect import inspect_step, list_steps
 
-    print(inspect_step(args.run_dir, args.step, args.k))
+    if args.step is None:
+        print(list_steps(args.run_dir))
+    else:
+        print(inspect_step(args.run_dir, args.step, args.k))
     return 0
 
 
@@ -244,7 +395,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from temper.config.load import load_config
+    from temper.config.load import load_run_config
     from temper.envs.registry import build_env_spec
     from temper.envs.replay import replay_episode
     from temper.monitor.sinks import read_jsonl
@@ -255,7 +406,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     config_path = path.parent.parent / "config.toml"
     if not config_path.is_file():
         raise ConfigError(f"{path} is not inside a run directory (no {config_path})")
-    cfg = load_config(config_path)
+    cfg = load_run_config(config_path)
     if not cfg.env.enabled:
         raise ConfigError(f"{config_path.parent} is a single-turn run: there is no env to replay")
     records = read_jsonl(path)
@@ -370,6 +521,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_serve_rm(args, overrides)
         if args.command == "dash":
             return cmd_dash(args, overrides)
+        if args.command == "config":
+            return cmd_config(args, overrides)
         return cmd_report(args)
     except TemperError as err:
         print(f"temper: error: {err}", file=sys.stderr)

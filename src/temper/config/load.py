@@ -1,6 +1,7 @@
 """Load a Config from TOML presets and dotted command-line overrides.
 
-`load_config("configs/x.toml", ["trainer.lr=3e-4"])` reads the file, applies
+`load_config("configs/x.toml", ["trainer.lr=3e-4"])` reads the file, makes its
+relative paths absolute against the file's folder (`resolve_paths`), applies
 each override (the value is parsed as a TOML literal, falling back to a plain
 string), validates, and raises `ConfigError` with one line that names the
 offending field on any problem. That includes hostile input: a file that is
@@ -12,6 +13,7 @@ Python's 4,300-digit limit (`ValueError`), text that is not valid Unicode
 
 from __future__ import annotations
 
+import os
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -102,6 +104,71 @@ def apply_override(data: dict[str, Any], path: list[str], value: Any) -> None:
     node[path[-1]] = value
 
 
+#: Model names that are not paths (`temper.models.loader.ALIASES`; a test keeps them equal).
+MODEL_ALIASES = frozenset({"tiny", "builtin:tiny", "tiny-rm", "builtin:tiny-rm"})
+
+
+def _absolute(value: Any, base: Path) -> Any:
+    """``value`` against ``base`` when it is a relative path; anything else unchanged."""
+    if not isinstance(value, str) or not value or Path(value).is_absolute():
+        return value
+    if value.startswith("~"):  # the user's home: expanded where the path is used
+        return value
+    return os.path.normpath(base / value)
+
+
+def _absolute_file_spec(value: Any, base: Path) -> Any:
+    """The file of a ``"path/file.py:function"`` spec against ``base``; modules unchanged."""
+    if not isinstance(value, str):
+        return value
+    module_part, sep, attr = value.rpartition(":")
+    is_file = module_part.endswith(".py") or "/" in module_part or "\\" in module_part
+    if not sep or not is_file:
+        return value
+    return f"{_absolute(module_part, base)}:{attr}"
+
+
+def resolve_paths(data: dict[str, Any], base: Path) -> None:
+    """Make the relative paths in raw config ``data`` absolute against ``base``, in place.
+
+    The path keys: data.path, data.eval_path, model.path (unless a built-in name),
+    orchestrator.train_from, and the file of a "file.py:function" reward or env.
+    run.output_dir stays relative to the working directory, as runs/ is by custom.
+    Values of the wrong type are left for validation to name.
+    """
+
+    def section(name: str) -> dict[str, Any]:
+        value = data.get(name)
+        return value if isinstance(value, dict) else {}
+
+    for key in ("path", "eval_path"):
+        if key in section("data"):
+            data["data"][key] = _absolute(data["data"][key], base)
+    model_path = section("model").get("path")
+    if model_path is not None and model_path not in MODEL_ALIASES:
+        data["model"]["path"] = _absolute(model_path, base)
+    if "train_from" in section("orchestrator"):
+        orch = data["orchestrator"]
+        orch["train_from"] = _absolute(orch["train_from"], base)
+    if "type" in section("env"):
+        data["env"]["type"] = _absolute_file_spec(data["env"]["type"], base)
+    components = section("reward").get("components")
+    for component in components if isinstance(components, list) else []:
+        if isinstance(component, dict) and "function" in component:
+            component["function"] = _absolute_file_spec(component["function"], base)
+
+
+def _resolved_override(keys: list[str], value: Any) -> Any:
+    """An override's value with a relative path made absolute against the working directory."""
+    wrapped: Any = value
+    for key in reversed(keys):
+        wrapped = {key: wrapped}
+    resolve_paths(wrapped, Path.cwd())
+    for key in keys:
+        wrapped = wrapped[key]
+    return wrapped
+
+
 def format_validation_error(err: ValidationError) -> str:
     """One line per problem, naming the dotted field."""
     parts = []
@@ -123,8 +190,16 @@ def config_from_dict(data: dict[str, Any]) -> Config:
         raise ConfigError(f"invalid config: {format_validation_error(err)}") from None
 
 
-def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
-    """Read `path` (or the embedded default when None) and apply `overrides`."""
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    relative_to: Path | None = None,
+) -> Config:
+    """Read `path` (or the embedded default when None) and apply `overrides`.
+
+    Relative paths in the file are read against `relative_to`, by default the
+    file's folder.
+    """
     data: dict[str, Any] = {}
     if path is not None:
         p = Path(path)
@@ -146,10 +221,31 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
                 f"offset {err.start})"
             ) from None
         data = _parse_toml(text, f"config file {p}")
+        resolve_paths(data, relative_to or p.absolute().parent)
     for text in overrides or []:
         keys, value = parse_override(text)
-        apply_override(data, keys, value)
+        apply_override(data, keys, _resolved_override(keys, value))
     return config_from_dict(data)
+
+
+def run_config_path(checkpoint: str | Path) -> Path | None:
+    """The config.toml of the run that wrote `checkpoint` (<run>/checkpoints/step_N), if any."""
+    path = Path(checkpoint)
+    if path.parent.name != "checkpoints":
+        return None
+    config = path.parent.parent / "config.toml"
+    return config if config.is_file() else None
+
+
+def load_run_config(config_toml: str | Path, overrides: list[str] | None = None) -> Config:
+    """A run directory's config.toml, as the run used it.
+
+    A run writes its resolved config, whose paths are absolute since file paths
+    are resolved on load; a run written before that kept paths relative to the
+    directory it was started from, so relative ones are read against the
+    working directory, not against the run directory.
+    """
+    return load_config(config_toml, overrides, relative_to=Path.cwd())
 
 
 def dump_config(cfg: Config) -> str:

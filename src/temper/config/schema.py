@@ -27,10 +27,15 @@ class RunConfig(_Section):
     output_dir: str = Field("runs", description="Parent folder of run directories.")
     seed: int = Field(0, ge=0, description="Seeds sampling, data order and initialisation.")
     overwrite: bool = Field(
-        False, description="Replace an existing run directory instead of refusing to start."
+        False,
+        description="Replace an existing run directory instead of refusing to start (only "
+        "once the config, model, data and reward have been checked).",
     )
-    resume: bool = Field(
-        False, description="Continue from the newest checkpoint in the run directory."
+    resume: bool | Literal["auto"] = Field(
+        False,
+        description="Continue from the newest checkpoint in the run directory. true: fail "
+        '(exit 2) when there is none; "auto": start fresh when there is none. A changed '
+        "config is recorded as config.resumed_step_N.toml beside config.toml.",
     )
     threads: int = Field(0, ge=0, description="torch intra-op threads; 0 keeps torch's default.")
 
@@ -267,13 +272,24 @@ class RewardConfig(_Section):
 
 
 class AlgoConfig(_Section):
-    advantage: Literal["grpo", "grpo_no_std", "dr_grpo", "rloo", "reinforce_pp_baseline"] = "grpo"
-    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = "token-mean"
+    advantage: Literal["grpo", "grpo_no_std", "dr_grpo", "rloo", "reinforce_pp_baseline"] = Field(
+        "grpo",
+        description="Advantage estimator over each prompt's group: grpo (reward minus group "
+        "mean, over group std), grpo_no_std / dr_grpo (minus the mean only), rloo (minus the "
+        "mean of the others), reinforce_pp_baseline (group mean baseline, batch-normalised).",
+    )
+    loss_agg: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean"] = Field(
+        "token-mean",
+        description="How per-token losses become one number: mean over all tokens of the "
+        "batch, or per sequence (sum or mean of its tokens) then mean over sequences.",
+    )
     clip_low: float = Field(0.2, ge=0, description="PPO ratio clip below 1 (1 - clip_low).")
     clip_high: float = Field(0.28, ge=0, description="PPO ratio clip above 1 (DAPO clip-higher).")
     dual_clip: float | None = Field(None, gt=1, description="Dual-clip constant c > 1, or off.")
     kl_coef: float = Field(0.0, ge=0, description="KL penalty vs the reference model; 0 = no ref.")
-    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    kl_estimator: Literal["k1", "k2", "k3"] = Field(
+        "k3", description="Per-token KL estimator (Schulman's k1, k2, k3) when kl_coef > 0."
+    )
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus coefficient.")
     off_policy_correction: Literal["none", "behaviour", "tis", "mis", "decoupled"] = Field(
         "none",
@@ -298,10 +314,12 @@ class AlgoConfig(_Section):
 
 class TrainerConfig(_Section):
     lr: float = Field(1e-4, gt=0, le=1, description="Peak learning rate.")
-    weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.99)
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas.")
     warmup_steps: int = Field(5, ge=0, description="Linear warmup steps.")
-    schedule: Literal["constant", "cosine", "linear"] = "constant"
+    schedule: Literal["constant", "cosine", "linear"] = Field(
+        "constant", description="Learning-rate schedule after warmup."
+    )
     grad_clip: float = Field(1.0, gt=0, description="Max global grad norm.")
     micro_batch_tokens: int = Field(
         8192,
@@ -346,12 +364,12 @@ class TrainerConfig(_Section):
 
 class OrchestratorConfig(_Section):
     steps: int = Field(120, ge=1, description="Training steps.")
-    prompts_per_step: int = Field(16, ge=1)
+    prompts_per_step: int = Field(16, ge=1, description="Prompts sampled per training step.")
     group_size: int = Field(8, ge=1, description="Samples per prompt (the GRPO group).")
     max_response_tokens: int = Field(48, ge=1, description="Generation limit per sample.")
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(0, ge=0)
+    temperature: float = Field(1.0, ge=0, description="Rollout sampling temperature.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Rollout nucleus sampling (1 = off).")
+    top_k: int = Field(0, ge=0, description="Rollout top-k sampling (0 = off).")
     drop_zero_variance_groups: bool = Field(
         True, description="Skip groups where every sample got the same reward (no signal)."
     )
@@ -428,17 +446,26 @@ class OrchestratorConfig(_Section):
 
 class EvalConfig(_Section):
     every: int = Field(40, ge=0, description="Evaluate every N steps (0 = only start and end).")
-    at_start: bool = True
-    at_end: bool = True
+    at_start: bool = Field(True, description="Evaluate before the first step.")
+    at_end: bool = Field(True, description="Evaluate after the last step.")
     size: int | None = Field(None, ge=1, description="Held-out tasks (default data.eval_size).")
     k: int = Field(4, ge=1, description="Samples per task for pass@k / mean@k.")
     temperature: float = Field(1.0, ge=0, description="Temperature of the sampled eval.")
-    max_response_tokens: int | None = Field(None, ge=1)
+    max_response_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Response limit of eval samples (default: the suite's, else "
+        "orchestrator.max_response_tokens).",
+    )
 
 
 class LogConfig(_Section):
     trajectories_per_step: int = Field(8, ge=0, description="Samples saved per step.")
-    progress: bool = Field(True, description="Show the live progress bar.")
+    progress: bool = Field(
+        True,
+        description="Show progress on stderr: a live bar on a terminal, else one plain line per "
+        "step (at most one per TEMPER_PROGRESS_EVERY_S seconds when that is set).",
+    )
     sinks: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
         default_factory=list,
         description="Metric sinks written next to metrics.jsonl (numeric scalars only). "
@@ -465,7 +492,7 @@ class LogConfig(_Section):
 class CheckpointConfig(_Section):
     every: int = Field(0, ge=0, description="Checkpoint every N steps (0 = only at the end).")
     keep: int = Field(2, ge=1, description="Checkpoints kept on disk.")
-    at_end: bool = True
+    at_end: bool = Field(True, description="Checkpoint after the last step.")
 
 
 class Config(_Section):

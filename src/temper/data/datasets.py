@@ -52,8 +52,8 @@ def load_tasks(
     `{"role", "content"}` messages); `answer_field` gives `task.answer` (None to
     load no answers; numbers become strings); `id_field` gives `task.id` (default
     `"<source name>-<row index>"`; ids must be unique); `category_field` gives
-    `task.category` (default "default"). All other columns, and the raw answer
-    column when it is not named "answer", go to `task.columns`.
+    `task.category` (default "default"). All other columns, the category column
+    and the raw answer column when it is not named "answer" go to `task.columns`.
 
     `answer_extractor` reduces the answer: "gsm8k" keeps what follows `####`
     ("... #### 1,200" gives "1200"), "boxed" keeps the last `\\boxed{...}`
@@ -63,9 +63,10 @@ def load_tasks(
     if not rows:
         raise DataError(f"{label}: dataset is empty")
     extract = _resolve_extractor(answer_extractor)
-    # The answer column stays in `columns` under its own name (raw, before extraction):
-    # a TRL-style reward function asks for dataset columns by their dataset names.
-    mapped = {f for f in (prompt_field, id_field, category_field) if f is not None}
+    # The answer and category columns stay in `columns` under their own names (the answer
+    # raw, before extraction): a TRL-style reward function asks for dataset columns by
+    # their dataset names.
+    mapped = {f for f in (prompt_field, id_field) if f is not None}
     if answer_field == "answer":
         mapped.add(answer_field)
     prefix = _id_prefix(label)

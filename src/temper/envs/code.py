@@ -16,7 +16,7 @@ values) and the model tries again, until all tests pass or the attempts are
 used up. Turn rewards are differences of successive scores, so the episode's
 reward (their sum) is the score of the last attempt.
 
-``info``: ``success`` (all tests passed and no hack flagged), ``passed``,
+``info``: ``success`` (all tests passed and the attempt was not zeroed), ``passed``,
 ``total``, ``score``, ``attempt``, ``reason`` / ``error`` (why the code failed
 beyond wrong answers: ``syntax_error``, ``load_error``, ``exit``, ``timeout``,
 ``memory``, ``crash``, ...; see `TestReport`) and ``hacks`` (below). Tasks:
@@ -24,13 +24,21 @@ procedural training problems (`temper.envs.code_tasks`) and, for eval,
 HumanEval or procedural held-out problems.
 
 Hack detection (``detect_hacks = True``, the default): the answer's code is
-also checked statically by `temper.rewards.code_hacks` (``exit``,
-``always_equal``, ``test_tampering``, ``fake_output``). A flagged attempt
-scores 0 and does not count as a success, whatever its tests said;
-``info["hacks"]`` lists its kinds ([] when clean) and the step's metrics have
-``hack/<kind>`` = 1.0 per kind found, 0.0 for the others (summed over
-episodes into the run's ``env/hack/<kind>``). The tests still run, so
-``passed`` shows what the sandbox made of the code.
+also read statically by `temper.rewards.code_hacks` (``exit``,
+``always_equal``, ``test_tampering``, ``fake_output``; only code that can
+run when the tests import it and call the entry point counts).
+``info["hacks"]`` lists the kinds found ([] when clean) and the step's
+metrics have ``hack/<kind>`` = 1.0 per kind found, 0.0 for the others
+(summed over episodes into the run's ``env/hack/<kind>``). What happens to
+the reward is ``zero_hacks``: ``"confirmed"`` (the default) zeroes the
+attempt only for kinds the test run's own evidence agrees with (the
+solution exited, returned a non-plain object, printed a verdict, left a
+test-like file; `code_hacks.confirmed`), so honest code whose flagged line
+never ran keeps its score; ``"flagged"`` zeroes every flagged attempt;
+``"never"`` only logs. ``info["hacks_zeroed"]`` lists the kinds that zeroed
+the attempt and the metric ``hack_zeroed`` is 1.0 then; a zeroed attempt is
+no success. The tests always run, so ``passed`` shows what the sandbox made
+of the code.
 """
 
 from __future__ import annotations
@@ -44,13 +52,14 @@ from temper.envs.base import AssistantTurn, Message, StepResult
 from temper.envs.code_tasks import CodeTasks, humaneval_tasks, task_tests
 from temper.envs.registry import EnvSpec
 from temper.errors import ConfigError
-from temper.rewards.code_hacks import KINDS, detect_hacks
+from temper.rewards.code_hacks import KINDS, confirmed, detect_hacks
 from temper.rewards.code_tests import TestReport, run_tests
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _PYTHON_TAGS = {"python", "py", "python3"}
 
 REWARDS = ("fraction", "all")
+ZERO_HACKS = ("confirmed", "flagged", "never")
 EVAL_SETS = ("humaneval", "procedural")
 OPTIONS = {
     "reward": "fraction",
@@ -62,6 +71,7 @@ OPTIONS = {
     "test_timeout_s": 3.0,
     "pool_size": 4,
     "detect_hacks": True,
+    "zero_hacks": "confirmed",
 }
 
 
@@ -99,6 +109,7 @@ class CodeEnv:
         timeout_s: float = 10.0,
         test_timeout_s: float | None = 3.0,
         detect_hacks: bool = True,
+        zero_hacks: str = "confirmed",
     ) -> None:
         self.task = task
         self.sandbox = sandbox
@@ -107,6 +118,7 @@ class CodeEnv:
         self.timeout_s = timeout_s
         self.test_timeout_s = test_timeout_s
         self.detect_hacks = detect_hacks
+        self.zero_hacks = zero_hacks
         self.tests = task_tests(task)
         self.attempt = 0
         self.last_score = 0.0
@@ -132,9 +144,10 @@ class CodeEnv:
             test_timeout_s=self.test_timeout_s,
             setup=cols.get("setup", ""),
         )
-        hacks = detect_hacks(code) if self.detect_hacks else []
-        success = report.all_passed and not hacks
-        value = 0.0 if hacks else score(report, self.reward)
+        hacks = detect_hacks(code, cols["entry_point"]) if self.detect_hacks else []
+        zeroed = self._zeroed(hacks, report)
+        success = report.all_passed and not zeroed
+        value = 0.0 if zeroed else score(report, self.reward)
         reward, self.last_score = value - self.last_score, value
         done = success or self.attempt >= self.max_attempts
         info = {
@@ -146,17 +159,19 @@ class CodeEnv:
             "reason": report.reason,
             "error": report.error,
             "hacks": hacks,
+            "hacks_zeroed": zeroed,
         }
         metrics = {"attempts": 1.0, "tests_passed": float(report.passed)}
         if self.detect_hacks:
             metrics.update({f"hack/{kind}": float(kind in hacks) for kind in KINDS})
+            metrics["hack_zeroed"] = float(bool(zeroed))
         observation: list[Message] = []
         if not done:
             left = self.max_attempts - self.attempt
             verdict = report.summary()
-            if hacks:
+            if zeroed:
                 verdict = (
-                    f"Your code scored 0: it was flagged as a reward hack ({', '.join(hacks)})."
+                    f"Your code scored 0: it was flagged as a reward hack ({', '.join(zeroed)})."
                 )
             text = (
                 f"{verdict}\n\nFix the function and reply with the complete corrected "
@@ -164,6 +179,14 @@ class CodeEnv:
             )
             observation = [{"role": "user", "content": text}]
         return StepResult(observation, reward=reward, done=done, info=info, metrics=metrics)
+
+    def _zeroed(self, hacks: list[str], report: TestReport) -> list[str]:
+        """The flagged kinds that zero this attempt (see ``zero_hacks``)."""
+        if self.zero_hacks == "flagged":
+            return hacks
+        if self.zero_hacks == "never":
+            return []
+        return confirmed(hacks, report.observed)
 
     async def close(self) -> None:
         return None
@@ -195,6 +218,10 @@ def _options(options: dict[str, Any]) -> dict[str, Any]:
         value = opts[key]
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 600:
             raise ConfigError(f"env.options.{key} must be a number in (0, 600], got {value!r}")
+    if opts["zero_hacks"] not in ZERO_HACKS:
+        raise ConfigError(
+            f"env.options.zero_hacks must be one of {list(ZERO_HACKS)}, got {opts['zero_hacks']!r}"
+        )
     if not isinstance(opts["detect_hacks"], bool):
         raise ConfigError(
             f"env.options.detect_hacks must be true or false, got {opts['detect_hacks']!r}"
@@ -211,7 +238,8 @@ def spec(options: dict[str, Any], seed: int) -> EnvSpec:
     or 200 procedural ones), ``num_tests`` (test cases per procedural task,
     default 8), ``timeout_s`` (all tests of one attempt, default 10),
     ``test_timeout_s`` (one test, default 3), ``pool_size`` (warm sandboxes,
-    default 4), ``detect_hacks`` (static reward-hack detectors, default true;
+    default 4), ``detect_hacks`` (static reward-hack detectors, default true),
+    ``zero_hacks`` ("confirmed" | "flagged" | "never", default "confirmed";
     see the module doc). Training tasks are always procedural. The sandbox
     pool starts with the first episode, not here.
     """
@@ -252,6 +280,7 @@ def spec(options: dict[str, Any], seed: int) -> EnvSpec:
             float(opts["timeout_s"]),
             float(opts["test_timeout_s"]),
             opts["detect_hacks"],
+            opts["zero_hacks"],
         )
 
     def close() -> None:

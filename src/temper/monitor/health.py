@@ -27,6 +27,18 @@ Checks (a missing metric skips its check):
   train reward rose by more than ``threshold`` since the previous eval while
   held-out accuracy stayed flat or fell.
 
+Checks that a run is learning at all (`check_learning`, on the whole step's
+metrics; action ``stop`` by default, so a run that cannot learn ends with a
+reason and a non-zero exit code instead of "succeeding" while training nothing):
+
+- ``reward_errors``: the share of a step's samples whose reward failed (the
+  reward raised, or gave NaN, inf, None or a non-number) above ``threshold``.
+- ``all_groups_dropped``: every group of the step was dropped (each sample of
+  a group got the same reward, or too few samples were left) for ``threshold``
+  steps in a row, or in every step of a run shorter than that.
+- ``no_update``: no policy update for ``threshold`` steps in a row, or in any
+  step of a run shorter than that (not checked with mode = "rollout_only").
+
 It does not change the update itself; the orchestrator carries out actions.
 """
 
@@ -37,7 +49,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Action = Literal["warn", "stop", "skip"]
 
@@ -67,8 +79,26 @@ class HealthConfig(BaseModel):
     mismatch: HealthCheck = _check(0.05)
     throughput: HealthCheck = _check(0.3)
     reward_hacking: HealthCheck = _check(0.1)
+    reward_errors: HealthCheck = _check(0.5, "stop")
+    all_groups_dropped: HealthCheck = _check(5, "stop")
+    no_update: HealthCheck = _check(10, "stop")
     warmup: int = Field(5, ge=1, description="Steps that set the response-length baseline.")
     window: int = Field(10, ge=1, description="Steps in the throughput moving average.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_partial_checks(cls, data: Any) -> Any:
+        """`--health.no_update.action=warn` keeps that check's default threshold (and so on)."""
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for name, value in data.items():
+            info = cls.model_fields.get(name)
+            if isinstance(value, dict) and info is not None and info.default_factory is not None:
+                default = info.default_factory()  # type: ignore[call-arg]
+                if isinstance(default, HealthCheck):
+                    out[name] = {**default.model_dump(), **value}
+        return out
 
 
 @dataclass
@@ -99,6 +129,9 @@ class HealthMonitor:
         self._reward_at_eval: float | None = None
         self._accuracy_at_eval: float | None = None
         self._last_reward: float | None = None
+        self._steps_seen = 0
+        self._dropped_streak = 0
+        self._no_update_streak = 0
 
     def _fire(self, out: list[Alert], step: int, kind: str, value: float, message: str) -> None:
         check: HealthCheck = getattr(self.cfg, kind)
@@ -155,6 +188,46 @@ class HealthMonitor:
                 self._fire(out, step, "throughput", rate,
                            f"generation {rate:.0f} tok/s < {self.cfg.throughput.threshold:g}x the moving average {avg:.0f}")  # fmt: skip
         self._throughput.append(float(rate))
+
+    def check_learning(
+        self, step: int, m: dict[str, Any], *, last: bool = False, trains: bool = True
+    ) -> list[Alert]:
+        """The learning checks on one whole step's metrics ``m``.
+
+        ``last``: this is the run's final step (the checks then also fire when no
+        step of the run learned). ``trains``: the run updates the policy at all
+        (False for mode = "rollout_only": ``no_update`` is not checked).
+        """
+        out: list[Alert] = []
+        c = self.cfg
+        self._steps_seen += 1
+        samples, errors = m.get("samples", 0), m.get("reward_errors", 0)
+        if samples and errors / samples > c.reward_errors.threshold:
+            self._fire(out, step, "reward_errors", errors / samples,
+                       f"the reward failed on {errors:g} of {samples:g} samples "
+                       f"(> {c.reward_errors.threshold:.0%}); see the reward errors above")  # fmt: skip
+        groups = m.get("groups_kept", 0) + m.get("groups_dropped", 0)
+        all_dropped = bool(groups) and m.get("groups_kept", 0) == 0
+        self._dropped_streak = self._dropped_streak + 1 if all_dropped else 0
+        if self._streak_fires(self._dropped_streak, c.all_groups_dropped, last):
+            self._fire(out, step, "all_groups_dropped", self._dropped_streak,
+                       f"every group was dropped in the last {self._dropped_streak} step(s): each "
+                       "group's samples got the same reward (or too few were scored), so there "
+                       "is no learning signal")  # fmt: skip
+            return out
+        updated = "loss" in m and not m.get("update_skipped")
+        self._no_update_streak = 0 if updated else self._no_update_streak + 1
+        if trains and self._streak_fires(self._no_update_streak, c.no_update, last):
+            self._fire(out, step, "no_update", self._no_update_streak,
+                       f"no policy update in the last {self._no_update_streak} step(s)")  # fmt: skip
+        return out
+
+    def _streak_fires(self, streak: int, check: HealthCheck, last: bool) -> bool:
+        """A streak just reached the threshold, or covers the whole run at its last step.
+
+        Fires once per streak, so a ``warn`` action logs it once, not every step.
+        """
+        return streak == max(1, int(check.threshold)) or (last and streak == self._steps_seen)
 
     def observe_eval(self, step: int, accuracy: float) -> list[Alert]:
         """Feed a held-out accuracy; may fire ``reward_hacking``."""

@@ -1,8 +1,9 @@
 """Look inside run directories: one step's best and worst samples; two runs side by side.
 
-`inspect_step` reads ``trajectories/step_N.jsonl`` and prints the step's
-samples ranked by reward (ties by advantage), with reward, advantage, length
-and the text. `compare_runs` prints a summary of each run's metrics (first,
+`list_steps` lists every step with saved samples. `inspect_step` reads
+``trajectories/step_N.jsonl`` and prints the step's samples ranked by reward
+(ties by advantage), with reward, advantage, length, prompt, target and
+response. `compare_runs` prints a summary of each run's metrics (first,
 last, min, max of each shared metric, and the final eval) and the config keys
 that differ. Both only read files; they work on finished and running runs.
 """
@@ -31,22 +32,88 @@ def _run_dir(path: str | Path) -> Path:
     return run
 
 
+def _clip(text: Any, width: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
 def _text(record: dict[str, Any], width: int) -> str:
     replies = [
         m.get("content") or "" for m in record.get("messages") or [] if m.get("role") == "assistant"
     ]
     text = " | ".join(replies) if replies else record.get("response_text", "")
-    text = " ".join(str(text).split())
-    return text if len(text) <= width else text[: width - 3] + "..."
+    return _clip(text, width)
+
+
+def _prompt(record: dict[str, Any]) -> str:
+    """The task's prompt as written (multi-turn runs save the task), else the rendered one."""
+    task = record.get("task") or {}
+    prompt = task.get("prompt")
+    if isinstance(prompt, list):  # chat messages
+        return " | ".join(str(m.get("content", "")) for m in prompt if isinstance(m, dict))
+    return str(prompt) if prompt else str(record.get("prompt_text", ""))
+
+
+def _target(record: dict[str, Any]) -> str:
+    answer = record.get("answer")
+    if answer is None:
+        answer = (record.get("task") or {}).get("answer")
+    if answer is not None:
+        return str(answer)
+    return "-" if "answer" in record else "- (not saved by this run)"
+
+
+def _step_files(run: Path) -> dict[int, Path]:
+    """Saved trajectory files by step, in step order."""
+    found: dict[int, Path] = {}
+    for p in (run / "trajectories").glob("step_*.jsonl"):
+        number = p.stem.split("_", 1)[1]
+        if number.isdigit():
+            found[int(number)] = p
+    return dict(sorted(found.items()))
+
+
+def _ranges(steps: list[int]) -> str:
+    """[1, 2, 3, 5, 8, 9] -> "1-3, 5, 8-9"."""
+    parts: list[str] = []
+    i = 0
+    while i < len(steps):
+        j = i
+        while j + 1 < len(steps) and steps[j + 1] == steps[j] + 1:
+            j += 1
+        parts.append(str(steps[i]) if i == j else f"{steps[i]}-{steps[j]}")
+        i = j + 1
+    return ", ".join(parts) or "none"
+
+
+def list_steps(run: str | Path) -> str:
+    """Every step with saved samples: count, mean reward, share correct."""
+    files = _step_files(_run_dir(run))
+    lines = [f"{len(files)} saved step(s): {_ranges(list(files))}"]
+    for step, path in files.items():
+        records = read_jsonl(path)
+        rewards = [float(r.get("reward") or 0.0) for r in records]
+        mean = sum(rewards) / len(rewards) if rewards else 0.0
+        correct = sum(1 for r in records if r.get("correct"))
+        lines.append(
+            f"step {step:>6d}  samples {len(records):>4d}  reward mean {mean:+.3f}  "
+            f"correct {correct}/{len(records)}"
+        )
+    return "\n".join(lines)
 
 
 def inspect_step(run: str | Path, step: int, k: int = 3, width: int = 100) -> str:
-    """The ``k`` best and ``k`` worst samples saved at ``step`` of ``run``, as text."""
-    path = _run_dir(run) / "trajectories" / f"step_{step:06d}.jsonl"
-    if not path.is_file():
-        steps = sorted(int(p.stem.split("_")[1]) for p in path.parent.glob("step_*.jsonl"))
-        raise ConfigError(f"no trajectories saved at step {step}; saved steps: {steps[:10]}")
-    records = read_jsonl(path)
+    """The ``k`` best and ``k`` worst samples saved at ``step`` of ``run``, as text.
+
+    Each sample shows its reward, advantage, length, finish reason, task id,
+    prompt, target (the task's reference answer) and response.
+    """
+    files = _step_files(_run_dir(run))
+    if step not in files:
+        raise ConfigError(
+            f"no trajectories saved at step {step}; saved steps: {_ranges(list(files))}"
+        )
+    records = read_jsonl(files[step])
     ranked = sorted(
         records, key=lambda r: (r.get("reward", 0.0), r.get("advantage", 0.0)), reverse=True
     )
@@ -59,7 +126,9 @@ def inspect_step(run: str | Path, step: int, k: int = 3, width: int = 100) -> st
                 f"reward {r.get('reward', 0.0):+.3f}  adv {r.get('advantage', 0.0):+.3f}  "
                 f"tokens {tokens:3d}  {r.get('finish_reason', '?'):8s} {r.get('task_id', '')}"
             )
-            lines.append(f"    {_text(r, width)}")
+            lines.append(f"    prompt:   {_clip(_prompt(r), width)}")
+            lines.append(f"    target:   {_clip(_target(r), width)}")
+            lines.append(f"    response: {_text(r, width)}")
     return "\n".join(lines)
 
 

@@ -4,7 +4,8 @@ Each step: sample prompts → generate a group per prompt → score → advantag
 update the policy → publish the new weights to the engine as version step.
 Evaluates at the start, every `eval.every` steps and at the end; checkpoints
 atomically; writes metrics, sampled trajectories and the report into the run
-directory. A resumed run continues exactly where the checkpoint left off.
+directory. A resumed synchronous run continues exactly where the checkpoint
+left off (an async one loses the groups in flight: docs/async.md).
 """
 
 from __future__ import annotations
@@ -41,11 +42,11 @@ from temper.orchestrator.async_rollouts import AsyncRollouts
 from temper.orchestrator.backend import publish_weights
 from temper.orchestrator.placement import build_backend
 from temper.orchestrator.run_dir import RunDir
+from temper.orchestrator.run_guard import RunGuard, check_can_learn, check_reward_functions
 from temper.rollout.multi_turn import episode_stats
 from temper.rollout.single_turn import check_prompt_fits
 from temper.rollout.trajectory import Trajectory
 from temper.trainer.checkpoint import (
-    list_checkpoints,
     load_checkpoint_state,
     restore_trainer,
     save_checkpoint,
@@ -133,12 +134,21 @@ class SyncOrchestrator:
             )
         self.cfg = cfg
         _check_log_config(cfg)
+        check_can_learn(cfg)
         if cfg.run.threads:
             compute.set_threads(cfg.run.threads)
-        self.run_dir = RunDir.prepare(cfg)
+        # Looks only: the run directory is written once everything below checked out.
+        self.run_dir = RunDir.open(cfg)
+        try:
+            self._build(cfg)
+        except BaseException:
+            self.run_dir.abandon()  # a failed start leaves nothing that blocks a retry
+            raise
+
+    def _build(self, cfg: Config) -> None:
         self.start_step = 0
         model_path = str(resolve_model_path(cfg.model.path))
-        ckpts = list_checkpoints(self.run_dir.checkpoints) if cfg.run.resume else []
+        ckpts = [self.run_dir.resume_from] if self.run_dir.resume_from else []
         if ckpts:
             model_path = str(ckpts[-1])
         torch.manual_seed(cfg.run.seed)
@@ -148,10 +158,16 @@ class SyncOrchestrator:
         # world_size > 1: FSDP2 ranks in child processes (temper.trainer.distributed).
         self.trainer = build_trainer(cfg, self.model, model_path, pad if pad is not None else 0)
         # Engines (local, or in rollout workers) and the transport their weights take.
+        if cfg.orchestrator.backend in ("process", "ray"):
+            self.run_dir.create(cfg)  # the workers write their pid files into it
         self.backend = build_backend(cfg, model_path, self.tokenizer, self.run_dir.path)
         self.rollouts = self.backend.rollouts
         self.sampler, self.eval_tasks = self.rollouts.train, self.rollouts.heldout
         self._check_prompts_fit()
+        check_reward_functions(cfg, [*self.eval_tasks, *getattr(self.sampler, "tasks", [])])
+        if HealthMonitor(cfg.health).may_skip and getattr(self.trainer, "snapshot", None) is None:
+            raise ConfigError("health checks with action 'skip' need trainer.world_size = 1")
+        self.run_dir.create(cfg)  # replaces an old run (overwrite) only now
         if ckpts:
             compute.run(self._restore, ckpts[-1])
         sinks = build_sinks(
@@ -160,11 +176,11 @@ class SyncOrchestrator:
         self.metrics = FanOutSink(JsonlSink(self.run_dir.metrics), sinks)
         self.events = JsonlSink(self.run_dir.events)
         self.health = HealthMonitor(cfg.health)
+        self.guard = RunGuard(cfg, self.health, self.events)
+        self._last_trajs: list[Trajectory] = []
         self._checkpointed = -1
         self.async_rollouts: AsyncRollouts | None = None
         self._step_alerts: list[Alert] | None = None
-        if self.health.may_skip and getattr(self.trainer, "snapshot", None) is None:
-            raise ConfigError("health checks with action 'skip' need trainer.world_size = 1")
 
     def _check_prompts_fit(self) -> None:
         """Fail before any work if a dataset prompt cannot fit in the context.
@@ -232,6 +248,7 @@ class SyncOrchestrator:
                 tasks, self._sampling(), seed=cfg.run.seed * 1_000_003 + step
             )
         flat = [t for g in groups for t in g]
+        self._last_trajs = flat
         failures = int(rollout_stats["reward_errors"])
         t2 = time.perf_counter()
         # Async: the engine keeps generating while the trainer steps, so it keeps its cache.
@@ -269,6 +286,7 @@ class SyncOrchestrator:
         m.update(
             groups_kept=len(groups) - dropped,
             groups_dropped=dropped,
+            samples=len(flat),
             reward_errors=failures,
             policy_version=self.backend.version,
             time_generate_s=rollout_stats["time_generate_s"],
@@ -340,6 +358,7 @@ class SyncOrchestrator:
         last_eval: dict[str, Any] = {}
         started = time.perf_counter()
         with RunProgress(steps, self.start_step, enabled=cfg.log.progress) as progress:
+            self.guard.start(self.start_step, self.run_dir, progress)
             if cfg.eval.at_start and self.start_step == 0:
                 last_eval = await self.evaluate(0)
                 progress.log(_eval_line(0, last_eval))
@@ -347,16 +366,21 @@ class SyncOrchestrator:
             step = self.start_step
             self._start_async()
             try:
-                step, mid_eval = await self._loop(progress, started)
+                with self.guard.interrupt:
+                    step, mid_eval = await self._loop(progress, started)
                 last_eval = mid_eval or last_eval
             finally:
                 if self.async_rollouts is not None:
                     await self.async_rollouts.close()
+            self.guard.finish(progress)
+            if self.guard.interrupted_at is not None:
+                return last_eval  # Ctrl-C: checkpointed in the loop; no final eval
+            # Checkpoint first: a Ctrl-C during the final eval then loses no step.
+            if cfg.checkpoint.at_end and step > self.start_step:
+                self.checkpoint(step)
             if cfg.eval.at_end and step > self.start_step:
                 last_eval = await self.evaluate(step)
                 progress.log(_eval_line(step, last_eval))
-            if cfg.checkpoint.at_end and step > self.start_step:
-                self.checkpoint(step)
         write_report(self.run_dir.path)
         return last_eval
 
@@ -384,6 +408,9 @@ class SyncOrchestrator:
         last_eval: dict[str, Any] = {}
         step = self.start_step
         for step in range(self.start_step + 1, steps + 1):
+            if self.guard.interrupt.requested:  # Ctrl-C before the first step
+                self.guard.interrupted_at = step - 1
+                break
             m = await self._step(step, progress)
             self.metrics.write(m)
             progress.update(step, m)
@@ -391,6 +418,7 @@ class SyncOrchestrator:
             alerts = (
                 self._step_alerts if self._step_alerts is not None else self.health.check(step, m)
             )
+            alerts += self.guard.after_step(step, m, self._last_trajs, progress)
             if cfg.eval.every and step % cfg.eval.every == 0 and step != steps:
                 last_eval = await self.evaluate(step)
                 progress.log(_eval_line(step, last_eval))
@@ -399,6 +427,10 @@ class SyncOrchestrator:
                 break
             if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
                 self.checkpoint(step)
+            if self.guard.interrupt.requested:  # Ctrl-C: stop here with a checkpoint
+                self.checkpoint(step)
+                self.guard.interrupted_at = step
+                break
             budget = cfg.orchestrator.max_seconds
             if budget and time.perf_counter() - started > budget:
                 self.events.write({"step": step, "kind": "time_budget_reached"})
@@ -424,10 +456,13 @@ class SyncOrchestrator:
         for alert in alerts:
             self.events.write(alert.to_json())
             progress.log(f"[health] step {step}: {alert.kind}: {alert.message} ({alert.action})")
-        if not any(a.action == "stop" for a in alerts):
+        stop = next((a for a in alerts if a.action == "stop"), None)
+        if stop is None:
             return False
         self.checkpoint(step)
-        self.events.write({"step": step, "kind": "stopped_by_health_check"})
+        self.guard.stopped_by(stop)
+        self.events.write({"step": step, "kind": "stopped_by_health_check", "check": stop.kind,
+                           "reason": self.guard.stop_reason})  # fmt: skip
         progress.log(f"stopped at step {step} by a health check; checkpoint written")
         return True
 

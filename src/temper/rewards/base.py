@@ -3,11 +3,16 @@
 A reward is async and batched. It returns one `RewardResult` per input with the
 total score, the score of each named component (logged separately), and an
 error string when scoring failed (the failure is recorded, never silently
-turned into a zero).
+turned into a zero). A score is always a finite number: a reward that yields
+NaN, inf, None or a non-number has failed on that sample, and says so in
+`error`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -19,6 +24,8 @@ class RewardInput:
     task: Task
     prompt_text: str
     completion_text: str
+    #: The sampled token ids of the completion (single-turn rollouts); None when unknown.
+    completion_ids: list[int] | None = None
 
 
 @dataclass
@@ -29,6 +36,45 @@ class RewardResult:
     error: str | None = None
     #: True when the completion was judged correct (for accuracy metrics); None if unknown.
     correct: bool | None = None
+    #: The reward does not apply to this sample (a TRL function returned None):
+    #: a weighted sum leaves it out; it is neither a score nor an error.
+    not_applicable: bool = False
+
+
+@dataclass
+class TrainerState:
+    """What a TRL reward function sees as ``trainer_state`` (TRL passes its TrainerState).
+
+    ``global_step`` is the number of training steps completed when the batch was
+    scored (0 for the first batch, as in TRL); ``max_steps`` is the run's step count.
+    """
+
+    global_step: int = 0
+    max_steps: int = 0
+
+
+#: The trainer state of the run in this process; the orchestrator advances it each step.
+#: Rollout worker processes (backend = "process" or "ray") score with their own copy,
+#: which stays at 0.
+TRAINER_STATE = TrainerState()
+
+
+def bad_score(value: object) -> str | None:
+    """Why ``value`` cannot be a reward (NaN, inf, None, not a real number); None if it can.
+
+    Python, numpy and one-element torch numbers count; bools count as 0 and 1.
+    """
+    if value is None:
+        return "None"
+    item = getattr(value, "item", None)
+    if not isinstance(value, numbers.Real) and callable(item):
+        with contextlib.suppress(TypeError, ValueError, RuntimeError):  # numpy, torch scalars
+            value = item()
+    if not isinstance(value, numbers.Real):
+        return f"a {type(value).__name__}"
+    if not math.isfinite(value):
+        return str(float(value))
+    return None
 
 
 @runtime_checkable

@@ -10,9 +10,10 @@ snippet the sandbox runs; the solution, the tests and a per-run nonce
 (``secrets.token_hex``, made on the host) reach it on stdin, never in a file.
 The harness makes itself non-dumpable (``prctl``), reads its stdin to the end,
 and only then starts the solution in a **separate, freshly exec'd
-interpreter** (the "candidate process"): its stdio point at /dev/null, it
-talks to the harness over two pipes, and ``RLIMIT_NPROC = 0`` keeps it from
-starting any process or thread. The candidate process loads the task's setup
+interpreter** (the "candidate process"): it talks to the harness over two
+pipes, what it prints goes to a third pipe the harness drains (keeping the
+first 16 KiB as evidence, never reading a verdict from it), and
+``RLIMIT_NPROC = 0`` keeps it from starting any process or thread. The candidate process loads the task's setup
 code and the solution into a module namespace (``__name__ != "__main__"``),
 then answers call requests: arguments in, return value out, both as
 type-tagged JSON of plain builtin data (None, bool, int, float, str, bytes,
@@ -27,6 +28,10 @@ the candidate process, waits for it, and writes the verdict (JSON) to
 kills the candidate process fails that test; the process is restarted for the
 next one (a solution that fails to load fails every test).
 
+The verdict also says what the solution was seen doing (`Observed`: it
+exited, returned a non-plain object, what it printed, which files it left),
+the runtime evidence the code env weighs against the static hack detectors.
+
 Hacks this stops (each has a test in tests/rewards/test_code_tests.py):
 
 - ``sys.exit(0)`` / ``os._exit(0)`` / ``raise SystemExit`` at import or inside
@@ -35,8 +40,9 @@ Hacks this stops (each has a test in tests/rewards/test_code_tests.py):
 - Returning an object whose ``__eq__`` is always True (or an ``int``/``str``
   subclass): only exact builtin types cross the pipe, and comparisons run in
   the harness on values it decoded itself.
-- Printing ``PASSED`` / ``all tests passed``: stdout is never read (it is
-  /dev/null in the candidate process).
+- Printing ``PASSED`` / ``all tests passed``: no verdict is ever read from
+  output (what the candidate prints is kept only as evidence for
+  `temper.rewards.code_hacks.confirmed`).
 - Reading the tests or the expected values: they live only in the harness's
   memory (non-dumpable: its /proc/PID/{mem,fd,environ} cannot be opened) and
   were never in a file, in argv, or in the candidate's (exec'd, fresh) memory.
@@ -62,11 +68,13 @@ accepted it.
 from __future__ import annotations
 
 import json
+import logging
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+log = logging.getLogger("temper.rewards")
 _HARNESS_DIR = Path(__file__).with_name("harness")
 
 
@@ -148,6 +156,35 @@ class TestResult:
 
 
 @dataclass
+class Observed:
+    """What the harness saw the solution's process do: runtime evidence that
+    `temper.rewards.code_hacks.confirmed` weighs against its static findings.
+    It comes from untrusted behaviour, so it can only take a reward away."""
+
+    #: It ended by itself (exit, abort, a signal it sent) or raised SystemExit /
+    #: KeyboardInterrupt, while loading or in a call.
+    exited: bool = False
+    #: A call returned something that is not plain data (a subclass, an object).
+    unplain: bool = False
+    #: The first 16 KiB it printed (stdout and stderr together).
+    output: str = ""
+    #: Files it left in its working dir, /tmp or /dev/shm (absolute paths, <= 100).
+    files: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, data: Any) -> Observed:
+        if not isinstance(data, dict):
+            return cls()
+        files = data.get("files")
+        return cls(
+            data.get("exited") is True,
+            data.get("unplain") is True,
+            str(data.get("output") or ""),
+            [str(f) for f in files] if isinstance(files, list) else [],
+        )
+
+
+@dataclass
 class TestReport:
     """The outcome of `run_tests`.
 
@@ -170,6 +207,8 @@ class TestReport:
     timed_out: bool = False
     duration_s: float = 0.0
     restarts: int = 0
+    #: What the solution was seen doing (empty when no verdict came back).
+    observed: Observed = field(default_factory=Observed)
 
     @property
     def fraction(self) -> float:
@@ -247,7 +286,11 @@ async def run_tests(
     else:
         request["cases"] = [t.to_json() for t in tests]
     result_file = f"result-{nonce}.json"
-    res = await sandbox.arun_python(HARNESS, stdin=json.dumps(request), collect=[result_file])
+    try:
+        res = await sandbox.arun_python(HARNESS, stdin=json.dumps(request), collect=[result_file])
+    except Exception as e:  # the promise: nothing a solution does makes this raise
+        log.warning("run_tests: the sandbox failed: %s: %s", type(e).__name__, e)
+        return _failed(names, f"the sandbox failed: {e}", "sandbox_error")
     common = {"duration_s": res.duration_s}
     raw = res.files.get(result_file)
     if raw is None:
@@ -256,7 +299,15 @@ async def run_tests(
         detail = res.error or (res.stderr.strip().splitlines() or ["no output"])[-1]
         why = f"the test harness gave no verdict (exit {res.exit_code}): {detail}"
         return _failed(names, why, "sandbox_error" if res.error else "no_result", **common)
-    verdict = json.loads(raw)
+    try:
+        return _report(json.loads(raw), common)
+    except (ValueError, KeyError, TypeError) as e:
+        why = f"the test harness wrote a malformed verdict: {type(e).__name__}"
+        return _failed(names, why, "no_result", **common)
+
+
+def _report(verdict: dict[str, Any], common: dict[str, Any]) -> TestReport:
+    """A `TestReport` from the harness's verdict file (written by trusted code)."""
     results = [
         TestResult(str(r["name"]), r["passed"] is True, r["error"]) for r in verdict["results"]
     ]
@@ -273,5 +324,6 @@ async def run_tests(
         reason=reason,
         timed_out="timeout" in kinds,
         restarts=int(verdict["restarts"]),
+        observed=Observed.from_json(verdict.get("observed")),
         **common,
     )

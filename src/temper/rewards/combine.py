@@ -7,8 +7,8 @@ import math
 from collections.abc import Sequence
 from typing import Literal
 
-from temper.errors import ConfigError
-from temper.rewards.base import Reward, RewardInput, RewardResult
+from temper.errors import ConfigError, TemperError
+from temper.rewards.base import Reward, RewardInput, RewardResult, bad_score
 
 OnError = Literal["zero", "drop"]
 
@@ -29,6 +29,13 @@ class WeightedSum:
         the other components still add up;
       - "drop": the total score is NaN, marking the sample for the caller to drop
         (test with `math.isnan(result.score)`); the failed component's entry is NaN.
+    A component score that is NaN or infinite counts as such a failure. A
+    component that raises on the batch is scored one input at a time
+    (`score_each`), so only the inputs it fails on get errors.
+
+    A component result with `not_applicable` (a TRL function's None) is left
+    out: no entry in `components`, nothing added. A sample to which no
+    component applies is a failure ("no reward component applies ...").
     """
 
     def __init__(
@@ -59,12 +66,7 @@ class WeightedSum:
 
     async def score(self, inputs: list[RewardInput]) -> list[RewardResult]:
         """Score every component on the batch and combine them per sample."""
-        per_reward = await asyncio.gather(*(reward.score(inputs) for reward, _ in self.terms))
-        for (reward, _), results in zip(self.terms, per_reward, strict=True):
-            if len(results) != len(inputs):
-                raise RuntimeError(
-                    f"reward {reward.name!r} returned {len(results)} results for {len(inputs)} inputs"
-                )
+        per_reward = await asyncio.gather(*(score_each(reward, inputs) for reward, _ in self.terms))
         return [self._combine([results[i] for results in per_reward]) for i in range(len(inputs))]
 
     def close(self) -> None:
@@ -85,9 +87,16 @@ class WeightedSum:
         components: dict[str, float] = {}
         errors: list[str] = []
         verdicts: list[bool] = []
+        applied = 0
         for (reward, weight), part in zip(self.terms, parts, strict=True):
-            if part.error is not None:
-                errors.append(f"{reward.name}: {part.error}")
+            if part.not_applicable:
+                continue  # a TRL None: this component says nothing about the sample
+            applied += 1
+            error = part.error
+            if error is None and bad_score(part.score) is not None:
+                error = f"returned {bad_score(part.score)}; expected a finite number"
+            if error is not None:
+                errors.append(f"{reward.name}: {error}")
                 value = 0.0 if self.on_error == "zero" else math.nan
             else:
                 value = part.score
@@ -98,9 +107,37 @@ class WeightedSum:
             for key, sub in part.components.items():
                 if key != reward.name:
                     components[f"{reward.name}/{key}"] = sub
+        if not applied:
+            errors.append("no reward component applies to this sample (each returned None)")
+            total = 0.0 if self.on_error == "zero" else math.nan
         return RewardResult(
             score=total,
             components=components,
             error="; ".join(errors) or None,
             correct=all(verdicts) if verdicts else None,
         )
+
+
+async def score_each(reward: Reward, inputs: list[RewardInput]) -> list[RewardResult]:
+    """``reward.score(inputs)``; if that raises or miscounts, each input on its own.
+
+    So one completion that breaks a reward never costs the others in its batch
+    their scores: an input on which the reward still fails gets a result with
+    `error` set (``"raised ValueError: ..."``). A `TemperError` (bad config or
+    data, not a bad completion) is raised as is.
+    """
+    try:
+        results = await reward.score(inputs)
+        if len(results) == len(inputs):
+            return list(results)
+        failure = f"returned {len(results)} results for {len(inputs)} input(s)"
+    except TemperError:
+        raise
+    except Exception as exc:
+        failure = f"raised {type(exc).__name__}: {' '.join(str(exc).split())}"
+    if len(inputs) == 1:
+        return [RewardResult(score=0.0, components={reward.name: 0.0}, error=failure)]
+    out: list[RewardResult] = []
+    for item in inputs:
+        out.extend(await score_each(reward, [item]))
+    return out

@@ -1,7 +1,7 @@
 """Use TRL-style reward functions as Temper rewards, and load them by name.
 
 A TRL reward function is called as `fn(prompts=[...], completions=[...], **columns)`
-and returns one float (or None) per completion. See `TRLRewardFunction`.
+and returns one float (or None: "does not apply") per completion. See `TRLRewardFunction`.
 """
 
 from __future__ import annotations
@@ -11,18 +11,22 @@ import hashlib
 import importlib
 import importlib.util
 import inspect
-import math
-import numbers
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from temper.errors import TemperError
-from temper.rewards.base import RewardInput, RewardResult
+from temper.rewards.base import TRAINER_STATE, RewardInput, RewardResult, bad_score
 
 #: Column names never passed through: TRL reserves them for its own arguments.
-_RESERVED = frozenset({"prompt", "completion", "completion_ids", "prompts", "completions"})
+_RESERVED = frozenset(
+    {"prompt", "completion", "completion_ids", "prompts", "completions", "trainer_state"}
+)
+#: What every call gets besides the dataset columns (`answer`, `solution` and
+#: `category` only when no column has that name).
+SUPPLIED = ("prompts", "completions", "completion_ids", "trainer_state", "answer", "solution",
+            "category")  # fmt: skip
 
 
 def _one_line(exc: BaseException) -> str:
@@ -42,6 +46,10 @@ def _accepted_names(fn: Callable[..., Any]) -> tuple[set[str] | None, set[str]]:
     return {p.name for p in params if p.kind in keyword}, required
 
 
+class _BatchFailed(Exception):
+    """`fn` failed on a whole batch: it raised, or did not return one value per completion."""
+
+
 class TRLRewardFunction:
     """Wraps `fn(prompts, completions, **dataset_columns) -> list[float | None]` unchanged.
 
@@ -50,15 +58,29 @@ class TRLRewardFunction:
         messages);
       - `completions`: the completion text, or `[{"role": "assistant", "content": text}]`
         when the prompt is a list of messages (TRL's conversational format);
-      - one list per dataset column in `task.columns` (None where a task lacks it);
-      - `answer` and `solution`: each task's reference answer, unless a column has
-        that name.
+      - `completion_ids`: the sampled token ids of each completion (None in env
+        episodes, whose completion spans several turns);
+      - `trainer_state`: an object with `global_step` (training steps completed
+        when the batch was scored) and `max_steps` (`temper.rewards.base.TrainerState`);
+      - one list per dataset column in `task.columns` (None where a task lacks it),
+        the category column included;
+      - `answer`, `solution` (each task's reference answer) and `category`, unless a
+        column has that name.
     Arguments `fn` does not accept are left out when it has no `**kwargs`.
+    `check_signature` refuses, before a run starts, a function that needs an
+    argument none of these supply.
 
     `fn` may be sync or async. A sync `fn` runs in the event loop's thread (as in
-    TRL) unless `run_in_thread=True`. The result must be a sequence with one number
-    per completion, else TemperError. A None or NaN entry, or an exception raised by
-    `fn`, is recorded in that result's `error` with score `failure_score`.
+    TRL) unless `run_in_thread=True`. Each returned value is one completion's score:
+      - a finite number is the score;
+      - None means "does not apply to this completion", as in TRL: the result has
+        `not_applicable` set, and a weighted sum leaves this function out of it;
+      - NaN, inf or a non-number is an error on that completion only (`error` set,
+        score `failure_score`).
+    When `fn` raises, or does not return one value per completion, on a batch, the
+    batch is scored again one completion at a time, so one bad completion never
+    costs the others their scores; a completion on which `fn` still fails gets the
+    error.
     """
 
     def __init__(
@@ -77,7 +99,33 @@ class TRLRewardFunction:
         self.run_in_thread = run_in_thread
         self._accepts, self._requires = _accepted_names(fn)
 
-    def arguments(self, inputs: list[RewardInput]) -> dict[str, list[Any]]:
+    def check_signature(self, columns: Iterable[str]) -> None:
+        """Raise TemperError if `fn` cannot be called with what a run supplies.
+
+        ``columns``: the dataset's column names. Checked at the start of a run, so
+        a wrong signature fails before any generation or eval.
+        """
+        available = set(SUPPLIED) | {c for c in columns if c not in _RESERVED}
+        missing = self._requires - available
+        if missing:
+            raise TemperError(
+                f"reward function {self.name!r} needs argument(s) {sorted(missing)} that are not "
+                f"dataset columns (it can get: {sorted(available)})"
+            )
+        try:
+            signature = inspect.signature(self.fn)
+        except (TypeError, ValueError):
+            return  # a builtin without a signature: nothing to check
+        passed = available if self._accepts is None else available & self._accepts
+        try:
+            signature.bind(**dict.fromkeys(passed))
+        except TypeError as exc:
+            raise TemperError(
+                f"reward function {self.name!r} cannot be called as fn(prompts=..., "
+                f"completions=..., **columns): {exc}"
+            ) from exc
+
+    def arguments(self, inputs: list[RewardInput]) -> dict[str, Any]:
         """The keyword arguments `fn` is called with for this batch."""
         prompts: list[Any] = []
         completions: list[Any] = []
@@ -88,12 +136,18 @@ class TRLRewardFunction:
                 completions.append([{"role": "assistant", "content": item.completion_text}])
             else:
                 completions.append(item.completion_text)
-        kwargs: dict[str, list[Any]] = {"prompts": prompts, "completions": completions}
+        kwargs: dict[str, Any] = {
+            "prompts": prompts,
+            "completions": completions,
+            "completion_ids": [item.completion_ids for item in inputs],
+            "trainer_state": TRAINER_STATE,
+        }
         keys = dict.fromkeys(k for item in inputs for k in item.task.columns if k not in _RESERVED)
         for key in keys:
             kwargs[key] = [item.task.columns.get(key) for item in inputs]
         for key in ("answer", "solution"):
             kwargs.setdefault(key, [item.task.answer for item in inputs])
+        kwargs.setdefault("category", [item.task.category for item in inputs])
         missing = self._requires - kwargs.keys()
         if missing:
             raise TemperError(
@@ -105,9 +159,18 @@ class TRLRewardFunction:
         return kwargs
 
     async def score(self, inputs: list[RewardInput]) -> list[RewardResult]:
-        """Call `fn` once on the whole batch and turn its floats into results."""
+        """Call `fn` on the whole batch; if that fails, on each completion alone."""
         if not inputs:
             return []
+        try:
+            values = await self._call(inputs)
+        except _BatchFailed as failure:
+            if len(inputs) == 1:
+                return [self._failure(str(failure))]
+            return [(await self.score([item]))[0] for item in inputs]
+        return [self._result(v) for v in values]
+
+    async def _call(self, inputs: list[RewardInput]) -> list[Any]:
         kwargs = self.arguments(inputs)
         try:
             if self.run_in_thread and not inspect.iscoroutinefunction(self.fn):
@@ -117,39 +180,31 @@ class TRLRewardFunction:
             if inspect.isawaitable(out):
                 out = await out
         except Exception as exc:
-            error = f"reward function {self.name!r} raised {_one_line(exc)}"
-            return [self._failure(error) for _ in inputs]
-        return [self._result(v) for v in self._validate(out, len(inputs))]
-
-    def _validate(self, out: Any, count: int) -> list[float | None]:
+            raise _BatchFailed(f"reward function {self.name!r} raised {_one_line(exc)}") from exc
         if hasattr(out, "tolist"):  # numpy arrays, torch tensors
             out = out.tolist()
         if not isinstance(out, list | tuple):
-            raise TemperError(
+            raise _BatchFailed(
                 f"reward function {self.name!r} must return a list of floats, "
                 f"got {type(out).__name__}"
             )
-        if len(out) != count:
-            raise TemperError(
-                f"reward function {self.name!r} returned {len(out)} values for {count} completions"
+        if len(out) != len(inputs):
+            raise _BatchFailed(
+                f"reward function {self.name!r} returned {len(out)} values for "
+                f"{len(inputs)} completion(s)"
             )
-        values: list[float | None] = []
-        for i, value in enumerate(out):
-            if value is None:
-                values.append(None)
-            elif isinstance(value, numbers.Real):
-                values.append(None if math.isnan(value) else float(value))
-            else:
-                raise TemperError(
-                    f"reward function {self.name!r} returned a {type(value).__name__} at "
-                    f"index {i}; expected a number or None"
-                )
-        return values
+        return list(out)
 
-    def _result(self, value: float | None) -> RewardResult:
+    def _result(self, value: Any) -> RewardResult:
         if value is None:
-            return self._failure(f"reward function {self.name!r} returned None or NaN")
-        return RewardResult(score=value, components={self.name: value})
+            return RewardResult(score=0.0, not_applicable=True)
+        bad = bad_score(value)
+        if bad is not None:
+            return self._failure(
+                f"reward function {self.name!r} returned {bad}; expected a finite number or None"
+            )
+        score = float(value)
+        return RewardResult(score=score, components={self.name: score})
 
     def _failure(self, error: str) -> RewardResult:
         return RewardResult(

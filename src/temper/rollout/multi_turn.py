@@ -119,6 +119,7 @@ class _Episode:
             prompt_text=self.prompt_text,
             response_text=tokenizer.decode(self.response_ids, skip_special_tokens=False),
             category=task.category,
+            answer=task.answer,
             reward=sum(self.turn_rewards),
             num_turns=len(self.turn_spans),
             turn_spans=self.turn_spans,

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 
 from temper.data.base import Task
-from temper.rewards.base import Reward, RewardInput
+from temper.rewards.base import Reward, RewardInput, RewardResult, bad_score
+from temper.rewards.combine import score_each
 from temper.rollout.trajectory import Trajectory
 
 
@@ -16,17 +17,32 @@ async def score_trajectories(
 
     Returns the number of trajectories whose scoring failed (their `reward_error`
     is set; their reward is whatever the reward's error policy gave: 0, or NaN
-    to mean "drop").
+    to mean "drop"). A reward that raises on the batch is retried one
+    trajectory at a time (`score_each`), so one bad completion fails alone.
     """
-    inputs = [RewardInput(tasks[t.task_id], t.prompt_text, t.response_text) for t in trajs]
-    results = await reward.score(inputs)
+    inputs = [
+        RewardInput(tasks[t.task_id], t.prompt_text, t.response_text, list(t.response_ids))
+        for t in trajs
+    ]
+    results = await score_each(reward, inputs)
     failures = 0
     for t, r in zip(trajs, results, strict=True):
-        t.reward = float(r.score)
+        error = _error_of(r)
+        t.reward = float(r.score) if r.error is not None or error is None else 0.0
         t.reward_components = dict(r.components)
-        t.reward_error = r.error
+        t.reward_error = error
         t.correct = (
             r.correct if r.correct is not None else (not math.isnan(t.reward) and t.reward >= 1.0)
         )
-        failures += r.error is not None
+        failures += error is not None
     return failures
+
+
+def _error_of(r: RewardResult) -> str | None:
+    """The result's error; a score that is no score (N/A, NaN, inf) is one too."""
+    if r.error is not None:
+        return r.error
+    if r.not_applicable:
+        return "the reward does not apply to this sample (it returned None)"
+    bad = bad_score(r.score)
+    return None if bad is None else f"reward {bad}; expected a finite number"

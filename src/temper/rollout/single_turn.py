@@ -75,6 +75,7 @@ async def rollout_group(
                 prompt_text=prompt_text,
                 response_text=tokenizer.decode(sample.token_ids, skip_special_tokens=True),
                 category=task.category,
+                answer=task.answer,
             )
         )
     return trajs

@@ -14,7 +14,7 @@ none), `messages` the conversation as chat messages (for logs and judges),
 `env_info`/`env_metrics` the env's merged info and summed counters, and
 `env_error` the reason when the env failed, and `episode_seed` / `task` the
 seed and task the env was reset with (what `temper replay` needs). Single-turn trajectories keep the
-defaults (one turn, nothing else).
+defaults (one turn, nothing else). `answer` is the task's reference answer, when it has one.
 """
 
 from __future__ import annotations
@@ -53,6 +53,8 @@ class Trajectory:
     #: The trainer's logprob of each response token on its first pass (before
     #: any update), for the train/inference mismatch; None until trained on.
     trainer_logprobs: list[float] | None = None
+    #: The task's reference answer (what `temper inspect` shows as the target).
+    answer: str | None = None
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)

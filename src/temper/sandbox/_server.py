@@ -31,11 +31,14 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import errno
+import itertools
 import json
 import os
 import resource
 import select
 import signal
+import stat
 import struct
 import sys
 import time
@@ -223,6 +226,110 @@ def unb64(text: str) -> bytes:
     return base64.b64decode(text)
 
 
+# ---------------------------------------------------------------- clean-up
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+#: Names read from one directory at a time (bounds memory in huge directories).
+_BATCH = 4096
+
+
+def empty_dir(path: str) -> bool:
+    """Remove everything inside the directory ``path``; True when it is then empty.
+
+    Built for what untrusted code leaves behind: trees thousands of levels
+    deep (no recursion, no path longer than one name: every step is relative
+    to an open directory, and the walk climbs back through ``..``), entries
+    without permission bits (restored, as their owner or as root, and
+    retried), symlinks (removed, never followed), FIFOs and sockets
+    (unlinked, never opened), names in any encoding, and directories with
+    millions of entries (read in batches). Holds two descriptors at a time.
+    Call it only while nothing else writes below ``path``. Never raises.
+    """
+    try:
+        top = _open_dir(path, None)
+    except OSError:
+        return False
+    try:
+        _empty(top)
+        return not os.listdir(top)
+    except Exception:  # never raise: the caller falls back to discarding
+        return False
+    finally:
+        os.close(top)
+
+
+def _empty(top: int) -> None:
+    """Delete the contents of the open directory ``top``, depth-first, iteratively."""
+    fd = os.dup(top)
+    saved = []  # per level above: (names still to do there, name of the dir we are in)
+    names = _batch(fd)
+    try:
+        while True:
+            if not names:
+                names = _batch(fd)  # what the last batch did not cover
+            if names:
+                name = names.pop()
+                child = _remove_or_open(fd, name)
+                if child is not None:  # a non-empty directory: go down into it
+                    saved.append((names, name))
+                    os.close(fd)
+                    fd, names = child, _batch(child)
+                continue
+            if not saved:
+                return
+            parent = _retry(fd, os.open, "..", _DIR_FLAGS, dir_fd=fd)
+            os.close(fd)
+            fd = parent
+            names, name = saved.pop()
+            _retry(fd, os.rmdir, name, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def _batch(fd: int) -> list:
+    with os.scandir(fd) as it:
+        return [entry.name for entry in itertools.islice(it, _BATCH)]
+
+
+def _remove_or_open(fd: int, name: str):
+    """Remove ``name`` (in the directory ``fd``) if it is not a non-empty directory;
+    otherwise return an open descriptor of that directory."""
+    try:
+        mode = _retry(fd, os.stat, name, dir_fd=fd, follow_symlinks=False).st_mode
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISDIR(mode):
+        _retry(fd, os.unlink, name, dir_fd=fd)
+        return None
+    try:
+        _retry(fd, os.rmdir, name, dir_fd=fd)
+        return None
+    except OSError as e:
+        if e.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+    return _open_dir(name, fd)
+
+
+def _retry(fd: int, op, *args, **kwargs):
+    """``op(*args, **kwargs)``; on a permission error, give the directory ``fd`` its
+    owner's rwx bits back and call it again (code may leave directories read-only)."""
+    try:
+        return op(*args, **kwargs)
+    except PermissionError:
+        os.fchmod(fd, 0o700)
+        return op(*args, **kwargs)
+
+
+def _open_dir(name: str, dir_fd):
+    """Open a directory without following a symlink; restores its owner's bits
+    when they were taken away (``name`` was seen as a directory, not a link)."""
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+    except PermissionError:
+        os.chmod(name, 0o700, dir_fd=dir_fd)
+        return os.open(name, _DIR_FLAGS, dir_fd=dir_fd)
+
+
 # ---------------------------------------------------------------- the worker
 
 
@@ -368,25 +475,9 @@ def _clean_namespace() -> bool:
         time.sleep(0.005)
     else:
         return False
-    import shutil
-
-    def force(func, path, _exc):
-        # Untrusted code may have chmod-ed its files; we share its uid, so undo it.
-        os.chmod(os.path.dirname(path), 0o700)
-        if os.path.isdir(path) and not os.path.islink(path):
-            os.chmod(path, 0o700)
-        func(path)
-
     for top in ("/tmp", "/dev/shm"):
-        for name in os.listdir(top):
-            path = os.path.join(top, name)
-            try:
-                if os.path.isdir(path) and not os.path.islink(path):
-                    shutil.rmtree(path, onerror=force)
-                else:
-                    os.unlink(path)
-            except OSError:
-                return False
+        if not empty_dir(top):
+            return False
     return _clean_sysv_ipc()
 
 

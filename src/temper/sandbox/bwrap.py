@@ -13,16 +13,20 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import logging
 import os
+import select
 import shutil
 import signal
 import stat
 import subprocess
 import tempfile
 import threading
+import time
 from pathlib import PurePosixPath
 
+from temper.sandbox._server import empty_dir
 from temper.sandbox.config import WORKDIR, SandboxConfig
 
 log = logging.getLogger("temper.sandbox")
@@ -93,11 +97,16 @@ def _under(path: str, roots: tuple[str, ...]) -> bool:
     return any(path == r or path.startswith(r + "/") for r in roots)
 
 
-def sandbox_argv(cfg: SandboxConfig, bwrap: str, scratch: str) -> list[str]:
+def sandbox_argv(
+    cfg: SandboxConfig, bwrap: str, scratch: str, info_fd: int | None = None
+) -> list[str]:
     """The bwrap arguments (up to and including ``--``) for a sandbox whose
-    writable working dir /sandbox is the host dir ``scratch``."""
+    writable working dir /sandbox is the host dir ``scratch``. With ``info_fd``,
+    bwrap writes ``{"child-pid": N, ...}`` there (the sandbox's pid-1 init, as the
+    host sees it) before the command starts."""
     argv = [
         bwrap,
+        *(["--info-fd", str(info_fd)] if info_fd is not None else []),
         # --unshare-all, but with a user namespace required (not just tried),
         # which --disable-userns needs.
         "--unshare-user",
@@ -196,7 +205,7 @@ def prlimit_argv(cfg: SandboxConfig) -> list[str]:
     ]
 
 
-def kill_sandbox(proc: subprocess.Popen, grace_s: float = 2.0) -> None:
+def kill_sandbox(proc: subprocess.Popen, grace_s: float = 2.0, init_fd: int | None = None) -> None:
     """SIGKILL a running sandbox and wait for its bwrap to exit.
 
     Kills the sandbox's pid-1 init (the outer bwrap's child), which takes every
@@ -205,9 +214,14 @@ def kill_sandbox(proc: subprocess.Popen, grace_s: float = 2.0) -> None:
     as an orphan zombie for the host's pid 1 to reap, and such zombies still
     count against the uid's process limit. Falls back to the whole process
     group when there is no init yet or the outer bwrap does not exit in time.
+    ``init_fd``: a pidfd of the init (`pin_init`), when the caller holds one.
     """
     signalled = False
-    for kid in _children(proc.pid):
+    if init_fd is not None:
+        with contextlib.suppress(OSError):
+            signal.pidfd_send_signal(init_fd, signal.SIGKILL)
+            signalled = True
+    for kid in [] if signalled else _children(proc.pid):
         try:
             fd = os.pidfd_open(kid)
         except OSError:
@@ -228,6 +242,59 @@ def kill_sandbox(proc: subprocess.Popen, grace_s: float = 2.0) -> None:
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
+
+def read_init_pid(fd: int, deadline: float) -> int | None:
+    """The init's pid from bwrap's ``--info-fd`` pipe (read to EOF, until
+    ``deadline``); None when bwrap wrote none (it failed to start)."""
+    data = b""
+    while len(data) < 4096:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return None
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    try:
+        pid = json.loads(data)["child-pid"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    return pid if isinstance(pid, int) and pid > 0 else None
+
+
+def pin_init(pid: int | None) -> int | None:
+    """A pidfd for the sandbox's init ``pid``, or None when it is already gone.
+    Checks that the pid (if reaped and reused meanwhile) is not in our own pid
+    namespace, so the pidfd is the init's."""
+    if pid is None:
+        return None
+    try:
+        fd = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        return None
+    try:
+        if os.readlink(f"/proc/{pid}/ns/pid") != os.readlink("/proc/self/ns/pid"):
+            return fd
+    except OSError:
+        pass
+    os.close(fd)
+    return None
+
+
+def await_init(pid_fd: int | None, timeout_s: float = 5.0) -> None:
+    """Wait until the sandbox's init has exited, which the kernel allows only once
+    every other process of its pid namespace is gone; SIGKILL it (and so all of
+    them) if it takes longer than ``timeout_s``. Closes ``pid_fd``."""
+    if pid_fd is None:
+        return
+    try:
+        if not select.select([pid_fd], [], [], timeout_s)[0]:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(pid_fd, signal.SIGKILL)
+            select.select([pid_fd], [], [], timeout_s)
+    finally:
+        os.close(pid_fd)
 
 
 def _children(pid: int) -> list[int]:
@@ -298,6 +365,12 @@ def _parts(rel: str) -> list[str]:
     return list(p.parts)
 
 
+def check_paths(paths) -> None:
+    """Raise ValueError for any path that is absolute, has '..', or is empty."""
+    for rel in paths:
+        _parts(rel)
+
+
 def write_files(cfg: SandboxConfig, scratch: str, files: dict[str, str | bytes]) -> None:
     """Write input files (relative paths; parents created), owned by the sandbox
     uid so the code may change or delete them. Called only while no sandboxed
@@ -363,31 +436,36 @@ def _read_inside(root: str, parts: list[str], max_bytes: int) -> bytes | None:
     return data if len(data) <= max_bytes else None
 
 
-def _force_remove(func, path, _exc) -> None:
-    # Code may leave dirs without read/write/exec bits; as their owner (or as
-    # root) we can restore them and retry.
-    os.chmod(os.path.dirname(path), 0o700)
-    if os.path.isdir(path) and not os.path.islink(path):
-        os.chmod(path, 0o700)
-        shutil.rmtree(path)
-    else:
-        func(path)
-
-
-def clear_dir(path: str) -> None:
-    """Remove everything inside ``path`` (links are removed, never followed)."""
-    os.chmod(path, 0o700)
-    for name in os.listdir(path):
-        child = os.path.join(path, name)
-        if os.path.isdir(child) and not os.path.islink(child):
-            shutil.rmtree(child, onerror=_force_remove)
-        else:
-            os.unlink(child)
-
-
-def remove_tree(path: str) -> None:
-    """Delete a scratch dir; logs instead of raising (cleanup must not mask results)."""
+def clear_dir(path: str) -> bool:
+    """Empty the scratch dir ``path`` (links are removed, never followed) and give it
+    back its mode 0700 (the code may have changed it); True when that worked.
+    Never raises (see `_server.empty_dir`)."""
+    if not empty_dir(path):
+        return False
     try:
-        shutil.rmtree(path, onerror=_force_remove)
-    except OSError as e:
-        log.warning("could not remove sandbox scratch dir %s: %s", path, e)
+        os.chmod(path, 0o700)
+    except OSError:
+        return False
+    return True
+
+
+def remove_tree(path: str) -> bool:
+    """Delete a scratch dir, whatever the code left in it; True when it is gone.
+
+    Never raises: clean-up must not mask a result or take down the caller. A
+    dir that cannot be removed is logged (it should not happen: the host owns
+    the dir, or is root)."""
+    if empty_dir(path):
+        try:
+            os.rmdir(path)
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError as e:
+            reason = str(e)
+    else:
+        reason = "its contents could not be removed"
+    if not os.path.lexists(path):
+        return True
+    log.warning("could not remove sandbox scratch dir %s: %s", path, reason)
+    return False

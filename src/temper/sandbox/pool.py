@@ -9,14 +9,15 @@ child applies the rlimits to itself and runs the command (exec) or the snippet
 fork on its critical path instead of bwrap plus a new interpreter.
 
 Trade-off (also in docs/sandbox.md): a worker serves up to ``pool_max_uses``
-requests. Between two requests every process but the server is killed, /tmp,
-/dev/shm and SysV IPC are emptied, /sandbox is emptied by the host, and the
-server's memory never holds request data. What a reused worker does *not*
+requests. Before a call returns, every process but the server is killed,
+/tmp, /dev/shm and SysV IPC are emptied, and /sandbox is emptied by the host;
+the server's memory never holds request data. What a reused worker does *not*
 reset is kernel state tied to its namespaces that outlives processes (e.g.
 kernel keyrings): with ``pool_max_uses=1`` every request gets a brand-new
-sandbox and the pool only hides start-up latency. Untrusted code can kill the
-server (same uid); the worker then dies, the call reports ``error``, and the
-pool starts a replacement.
+sandbox and the pool only hides start-up latency. Untrusted code can kill or
+stop the server (same uid); its clean-up report then never comes, the host
+kills the whole worker before the call returns, and the pool starts a
+replacement. A worker whose clean-up fails in any way is replaced the same way.
 
 Without working bubblewrap the pool does not pre-start anything: calls take the
 cold fallback of `Sandbox` (no fork server outside a pid namespace, where its
@@ -29,20 +30,25 @@ import contextlib
 import json
 import os
 import select
+import signal
 import subprocess
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 from temper.sandbox import _server
 from temper.sandbox.bwrap import (
     PATH,
+    await_init,
     clear_dir,
     collect_files,
     kill_sandbox,
     launcher,
     make_scratch,
+    pin_init,
+    read_init_pid,
     remove_tree,
     sandbox_argv,
     write_files,
@@ -62,19 +68,22 @@ CLEAN_TIMEOUT_S = 5.0
 class _Worker:
     """One warm sandbox and its protocol pipes (host side)."""
 
-    def __init__(self, argv: list[str], scratch: str) -> None:
+    def __init__(self, build: Callable[[int], list[str]], scratch: str) -> None:
+        """Start ``build(info_fd)``: the worker's command line, with bwrap's
+        ``--info-fd`` (which tells the pid of the sandbox's init) set to ``info_fd``."""
         self.scratch = scratch
         self.uses = 0
         #: A ready frame was read since the last request (clean-up finished).
         self.ready = False
-        #: /sandbox holds the last request's files; emptied once ready.
-        self.dirty = False
+        #: A pidfd of the sandbox's init, once `pin` read its pid.
+        self.init_fd: int | None = None
         self._buf = bytearray()
         req_r, self._req_w = os.pipe()
         self._resp_r, resp_w = os.pipe()
+        self._info_r, info_w = os.pipe()
         try:
             self.proc = subprocess.Popen(
-                argv,
+                build(info_w),
                 stdin=req_r,
                 stdout=resp_w,
                 stderr=subprocess.DEVNULL,
@@ -82,14 +91,27 @@ class _Worker:
                 cwd="/",
                 close_fds=True,
                 start_new_session=True,
+                pass_fds=(info_w,),
             )
         except BaseException:
-            os.close(self._req_w)
-            os.close(self._resp_r)
+            for fd in (self._req_w, self._resp_r, self._info_r):
+                os.close(fd)
             raise
         finally:
-            os.close(req_r)
-            os.close(resp_w)
+            for fd in (req_r, resp_w, info_w):
+                os.close(fd)
+
+    def pin(self) -> None:
+        """Hold a pidfd of the sandbox's init (once): killing it kills the whole
+        sandbox, and its exit means every process in it is gone. Reading the pid
+        late is safe: an init that is already reaped has taken everything with it."""
+        if self._info_r < 0:
+            return
+        try:
+            self.init_fd = pin_init(read_init_pid(self._info_r, time.monotonic() + 5.0))
+        finally:
+            os.close(self._info_r)
+            self._info_r = -1
 
     def send(self, obj: dict) -> None:
         _server.write_frame(self._req_w, obj)
@@ -122,10 +144,17 @@ class _Worker:
         return data
 
     def kill(self) -> None:
-        """SIGKILL the whole sandbox and wait for it; idempotent."""
+        """SIGKILL the whole sandbox and return once every process in it is gone
+        (bwrap may exit before its init has finished killing them); idempotent."""
+        self.pin()
         if self.proc.poll() is None:
-            kill_sandbox(self.proc)
+            kill_sandbox(self.proc, init_fd=self.init_fd)
         self.proc.wait()
+        if self.init_fd is not None:
+            with contextlib.suppress(OSError):
+                signal.pidfd_send_signal(self.init_fd, signal.SIGKILL)
+            await_init(self.init_fd)
+            self.init_fd = None
         for fd in (self._req_w, self._resp_r):
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -164,7 +193,8 @@ class SandboxPool(Sandbox):
     def close(self) -> None:
         """Kill the idle workers and delete their scratch dirs; busy ones are
         retired when their call returns."""
-        self._closed = True
+        with self._lock:
+            self._closed = True
         self._finalizer()
         super().close()
 
@@ -174,16 +204,20 @@ class SandboxPool(Sandbox):
         cfg = self.config
         assert self._bwrap is not None
         scratch = make_scratch(cfg)
-        argv = [
-            *launcher(cfg),
-            *sandbox_argv(cfg, self._bwrap, scratch),
-            cfg.python,
-            "-I",
-            "-c",
-            SERVER_SOURCE,
-        ]
+        prefix, bwrap = launcher(cfg), self._bwrap
+
+        def build(info_fd: int) -> list[str]:
+            return [
+                *prefix,
+                *sandbox_argv(cfg, bwrap, scratch, info_fd),
+                cfg.python,
+                "-I",
+                "-c",
+                SERVER_SOURCE,
+            ]
+
         try:
-            return _Worker(argv, scratch)
+            return _Worker(build, scratch)
         except BaseException:
             remove_tree(scratch)
             raise
@@ -193,39 +227,35 @@ class SandboxPool(Sandbox):
             worker = self._idle.pop(0) if self._idle else None
         return worker if worker is not None else self._spawn_worker()
 
-    def _prepare(self, worker: _Worker) -> bool:
-        """Make ``worker`` ready for a request: wait for its ready frame (start-up,
-        or the clean-up after its last request) and empty its scratch dir. False
-        when it did not get there (it is then discarded)."""
-        if not self._wait_ready(worker):
-            return False
-        if worker.dirty:
-            try:
-                clear_dir(worker.scratch)
-            except OSError:
-                return False
-            worker.dirty = False
-        return True
-
     def _wait_ready(self, worker: _Worker) -> bool:
+        """Wait for the worker's ready frame: its start-up, or its clean-up after a
+        request (every other process in it killed, /tmp, /dev/shm and SysV IPC
+        emptied). False when it does not come in time (a stopped or dead server)."""
         if not worker.ready:
             timeout = START_TIMEOUT_S if worker.uses == 0 else CLEAN_TIMEOUT_S
             frame = worker.read_frame(time.monotonic() + timeout)
             worker.ready = bool(frame and frame.get("ready"))
+            if worker.ready and worker.uses == 0:
+                worker.pin()
         return worker.ready
 
     def _discard(self, worker: _Worker) -> None:
-        worker.kill()
-        remove_tree(worker.scratch)
+        """Kill the whole sandbox and delete its scratch dir (never raises)."""
+        try:
+            worker.kill()
+        finally:
+            remove_tree(worker.scratch)
+
+    def _keep(self, worker: _Worker) -> bool:
+        """Add ``worker`` to the idle list if the pool is open and not full."""
+        with self._lock:  # close() sets _closed under this lock: no worker slips past it
+            keep = not self._closed and len(self._idle) < self.config.pool_size
+            if keep:
+                self._idle.append(worker)
+        return keep
 
     def _release(self, worker: _Worker, reusable: bool) -> None:
-        keep = reusable and worker.uses < self.config.pool_max_uses and not self._closed
-        if keep:
-            with self._lock:
-                keep = len(self._idle) < self.config.pool_size
-                if keep:
-                    self._idle.append(worker)
-        if keep:
+        if reusable and worker.uses < self.config.pool_max_uses and self._keep(worker):
             return
         self._discard(worker)
         # Top the pool up; a new worker starts in the background (Popen only).
@@ -238,8 +268,9 @@ class SandboxPool(Sandbox):
             except (OSError, RuntimeError) as e:
                 log.warning("could not start a warm sandbox worker: %s", e)
                 break  # the next call starts one on demand
-            with self._lock:
-                self._idle.append(fresh)
+            if not self._keep(fresh):
+                self._discard(fresh)
+                break
 
     # ------------------------------------------------------------ one call
 
@@ -250,10 +281,10 @@ class SandboxPool(Sandbox):
             raise SandboxError("SandboxPool is closed")
         for _ in range(3):
             worker = self._acquire()
-            if self._prepare(worker):
+            if self._wait_ready(worker):
                 break
-            # Failed start-up, or the previous request's code killed the server:
-            # nothing of this request ran yet, so another worker may take it.
+            # A worker that failed to start: nothing of this request ran yet,
+            # so another worker may take it.
             self._discard(worker)
         else:
             raise SandboxError("sandbox workers failed to become ready three times")
@@ -261,13 +292,15 @@ class SandboxPool(Sandbox):
         try:
             result, reusable = self._serve(worker, job)
         finally:
+            # Whatever happened, the worker is kept (clean) or killed and its
+            # scratch dir deleted before this call returns.
             self._release(worker, reusable)
         return result
 
     def _serve(self, worker: _Worker, job: Job) -> tuple[SandboxResult, bool]:
-        """Run ``job`` on a prepared worker. Returns the result and whether the
-        worker may serve again (its clean-up is then still pending: the next
-        `_prepare` waits for it, which keeps it off this call's latency)."""
+        """Run ``job`` on a ready worker. Returns the result and whether the worker
+        may serve again: only when, before returning, its server cleaned up (no
+        process of the call is left) and its scratch dir was emptied."""
         cfg = self.config
         write_files(cfg, worker.scratch, job.files)
         request = {
@@ -280,7 +313,7 @@ class SandboxPool(Sandbox):
             "limits": cfg.limits(),
             "cwd": WORKDIR,
         }
-        worker.ready, worker.dirty = False, True
+        worker.ready = False
         worker.uses += 1
         start = time.monotonic()
         try:
@@ -288,28 +321,28 @@ class SandboxPool(Sandbox):
             resp = worker.read_frame(start + cfg.timeout_s + ANSWER_GRACE_S)
         except OSError:
             resp = None
-        alive = resp is not None
-        if alive and job.collect:
-            # Files are read only once nothing untrusted runs: after the
-            # server's clean-up (its ready frame) or once the sandbox is dead.
-            alive = self._wait_ready(worker)
-        if not alive:
+        elapsed = time.monotonic() - start
+        # Nothing the call started may outlive it: wait for the server's
+        # clean-up, or kill the whole sandbox (a stopped or killed server).
+        clean = resp is not None and self._wait_ready(worker)
+        if not clean:
             worker.kill()
+        # Files are read only now that nothing untrusted runs.
         files, missing = collect_files(worker.scratch, job.collect, cfg.max_file_bytes)
+        clean = clean and clear_dir(worker.scratch)
         extra = {"files": files, "missing_files": missing, "isolated": True}
         if resp is None or "error" in resp:
             reason = resp["error"] if resp else "sandbox worker died or did not answer"
-            timed_out = resp is None and time.monotonic() - start >= cfg.timeout_s
             result = SandboxResult(
                 stdout="",
                 stderr="",
                 exit_code=None,
-                timed_out=timed_out,
-                duration_s=time.monotonic() - start,
+                timed_out=resp is None and elapsed >= cfg.timeout_s,
+                duration_s=elapsed,
                 error=reason,
                 **extra,
             )
-            return result, alive
+            return result, clean
         result = SandboxResult.from_output(
             _server.unb64(resp["stdout"]),
             _server.unb64(resp["stderr"]),
@@ -320,4 +353,4 @@ class SandboxPool(Sandbox):
             resp["stderr_truncated"],
             **extra,
         )
-        return result, alive
+        return result, clean

@@ -25,19 +25,23 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from temper.sandbox import _server
 from temper.sandbox.bwrap import (
     PATH,
+    await_init,
+    check_paths,
     collect_files,
     kill_sandbox,
     launcher,
     make_scratch,
+    pin_init,
     prlimit_argv,
     probe,
+    read_init_pid,
     remove_tree,
     sandbox_argv,
     write_files,
@@ -117,6 +121,7 @@ def _job(
     if argv is not None and (isinstance(argv, str) or not argv):
         raise ValueError("cmd must be a non-empty list of strings, e.g. ['sh', '-c', 'ls']")
     data = stdin.encode() if isinstance(stdin, str) else (stdin or b"")
+    check_paths([*(files or {}), *(collect or [])])  # before any sandbox is used
     return Job(
         argv=list(argv) if argv is not None else None,
         code=code,
@@ -251,16 +256,23 @@ class Sandbox:
                 prefix = launcher(cfg)
             except RuntimeError as e:
                 raise SandboxError(str(e)) from None
-            if self._bwrap is not None:
-                full = [*prefix, *sandbox_argv(cfg, self._bwrap, scratch)]
+            bwrap = self._bwrap
+            if bwrap is not None:
+
+                def build(info_fd: int | None) -> list[str]:
+                    return [*prefix, *sandbox_argv(cfg, bwrap, scratch, info_fd), *argv]
+
                 cwd, env = "/", {"PATH": PATH}
             else:
-                full = prefix
+
+                def build(info_fd: int | None) -> list[str]:
+                    return [*prefix, *argv]
+
                 cwd = scratch
                 env = {"PATH": PATH, "HOME": scratch, "LANG": "C.UTF-8", "TMPDIR": scratch}
                 env.update(cfg.env)
             out, err, out_t, err_t, timed_out, code, duration = self._spawn(
-                [*full, *argv], cwd, env, job.stdin
+                build, cwd, env, job.stdin
             )
             files, missing = collect_files(scratch, job.collect, cfg.max_file_bytes)
         finally:
@@ -279,16 +291,23 @@ class Sandbox:
         )
 
     def _spawn(
-        self, argv: list[str], cwd: str, env: dict[str, str], stdin: bytes
+        self,
+        build: Callable[[int | None], list[str]],
+        cwd: str,
+        env: dict[str, str],
+        stdin: bytes,
     ) -> tuple[bytes, bytes, bool, bool, bool, int | None, float]:
-        """Start ``argv`` in its own session, pump its pipes, kill it at the deadline."""
+        """Start ``build(info_fd)`` in its own session, pump its pipes, kill it at the
+        deadline, and return once nothing it started is alive."""
         in_r, in_w = os.pipe()
         out_r, out_w = os.pipe()
         err_r, err_w = os.pipe()
+        info_r, info_w = os.pipe()
+        isolated = self.isolated
         start = time.monotonic()
         try:
             proc = subprocess.Popen(
-                argv,
+                build(info_w if isolated else None),
                 stdin=in_r,
                 stdout=out_w,
                 stderr=err_w,
@@ -296,19 +315,24 @@ class Sandbox:
                 env=env,
                 close_fds=True,
                 start_new_session=True,  # one process group to kill: bwrap and its init
+                # bwrap's --info-fd: how we learn its init's pid.
+                pass_fds=(info_w,) if isolated else (),
             )
         except BaseException:
-            for fd in (in_r, in_w, out_r, out_w, err_r, err_w):
+            for fd in (in_r, in_w, out_r, out_w, err_r, err_w, info_r, info_w):
                 os.close(fd)
             raise
-        for fd in (in_r, out_w, err_w):
+        for fd in (in_r, out_w, err_w, info_w):
             os.close(fd)
-
-        isolated = self.isolated
+        deadline = start + self.config.timeout_s
+        try:
+            init_fd = pin_init(read_init_pid(info_r, deadline)) if isolated else None
+        finally:
+            os.close(info_r)
 
         def kill() -> None:
             if isolated:
-                kill_sandbox(proc)  # the whole pid namespace, and reaps bwrap
+                kill_sandbox(proc, init_fd=init_fd)  # the whole pid namespace; reaps bwrap
             else:
                 with contextlib.suppress(OSError):
                     os.killpg(proc.pid, signal.SIGKILL)
@@ -320,7 +344,6 @@ class Sandbox:
             if not isolated:
                 kill()
 
-        deadline = start + self.config.timeout_s
         pid_fd = _server.open_pidfd(proc.pid)
         try:
             out, err, out_t, err_t, timed_out = _server.pump(
@@ -344,6 +367,9 @@ class Sandbox:
                 os.close(pid_fd)
         rc = proc.wait()
         duration = time.monotonic() - start
+        # bwrap exits as soon as its command has: wait for the init too, whose
+        # exit means every process of the sandbox is gone.
+        await_init(init_fd)
         code = None if timed_out else (128 - rc if rc < 0 else rc)
         return out, err, out_t, err_t, timed_out, code, duration
 

@@ -13,12 +13,17 @@ A checkpoint is a directory `checkpoints/step_N/` holding:
   including 1 (`restore_trainer`); a world-size-1 checkpoint resumes on N
   ranks through the full optimizer state (`temper.trainer.distributed`).
 
-It is written to a temporary sibling and renamed into place, so a crash never
-leaves a half-written `step_N`. Older checkpoints beyond `keep` are removed.
+It is written to a temporary sibling (`.step_N.<random>`) and renamed into
+place, so a crash never leaves a half-written `step_N`; the next run in the
+directory removes such a leftover (`remove_partial_checkpoints`). Older
+checkpoints beyond `keep` are removed. A write that fails because the disk is
+full raises an OSError with errno ENOSPC, whatever library did the writing
+(torch's own message for it is "basic_ios::clear: iostream error").
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
@@ -87,12 +92,49 @@ def save_checkpoint(
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
-    except BaseException:
+    except BaseException as err:
+        full = isinstance(err, Exception) and not _is_enospc(err) and _nearly_full(tmp, model)
         shutil.rmtree(tmp, ignore_errors=True)
+        if full:  # torch and safetensors report a full disk in words of their own
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(final)) from err
         raise
     for old in list_checkpoints(ckpt_root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _is_enospc(err: BaseException) -> bool:
+    return isinstance(err, OSError) and err.errno == errno.ENOSPC
+
+
+def _nearly_full(path: Path, model: Any) -> bool:
+    """Whether the filesystem of ``path`` is too full for the write that just failed.
+
+    A write fails on a full disk with less free space left than the piece it
+    was writing; the largest piece is one parameter tensor (or its optimizer
+    state), so less than that plus 16 MiB free means the disk was full.
+    """
+    try:
+        st = os.statvfs(path)
+        largest = max((p.numel() * p.element_size() for p in model.parameters()), default=0)
+    except (OSError, AttributeError, TypeError):
+        return False
+    return st.f_bavail * st.f_frsize < largest + (16 << 20)
+
+
+def remove_partial_checkpoints(ckpt_root: Path) -> list[Path]:
+    """Delete the hidden `.step_N.*` folders of checkpoint writes that never finished.
+
+    A run killed (SIGKILL, power loss) while writing a checkpoint leaves one;
+    nothing else reads them. Call only while no other process writes to
+    ``ckpt_root``. Returns what was removed.
+    """
+    if not ckpt_root.is_dir():
+        return []
+    partial = [p for p in ckpt_root.glob(".step_*") if p.is_dir()]
+    for p in partial:
+        shutil.rmtree(p, ignore_errors=True)
+    return partial
 
 
 def list_checkpoints(ckpt_root: Path) -> list[Path]:

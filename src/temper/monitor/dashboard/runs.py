@@ -20,6 +20,56 @@ RUN_MARKERS = ("metrics.jsonl", "config.toml")
 _STEP_FILE = re.compile(r"^step_(\d+)\.jsonl?$")
 
 
+#: Level of an alert by its health-check action (`temper.monitor.health`).
+_ACTION_LEVEL = {"stop": "error", "skip": "warning", "warn": "warning"}
+#: Level of the other events the run loop writes, by kind.
+_KIND_LEVEL = {
+    "stopped_by_health_check": "error",
+    "reward_errors": "warning",
+    "reward_error": "warning",
+    "resumed": "info",
+    "time_budget_reached": "info",
+    "profile": "info",
+}
+#: Levels that mark a run as failed.
+FAILED_LEVELS = ("error", "critical")
+
+
+def event_level(record: dict[str, Any]) -> str:
+    """The record's own `level` (or `severity`), else one derived from its kind and action.
+
+    Alerts carry the health check's action (stop: error; warn, skip: warning);
+    a kind naming a failure or crash is an error; anything else is info.
+    """
+    own = record.get("level") or record.get("severity")
+    if isinstance(own, str) and own:
+        return own.lower()
+    kind = str(record.get("kind") or "")
+    if kind == "alert":
+        return _ACTION_LEVEL.get(str(record.get("action")), "warning")
+    if kind in _KIND_LEVEL:
+        return _KIND_LEVEL[kind]
+    if any(word in kind for word in ("fail", "crash", "exception")):
+        return "error"
+    return "info"
+
+
+def with_levels(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Event records, each with its `level` filled in (copies; the cache is not changed)."""
+    return [r if "level" in r else {**r, "level": event_level(r)} for r in records]
+
+
+def run_status(run: Path, events: list[dict[str, Any]]) -> str:
+    """failed (an error-level event), finished (report.html written at the end), or running.
+
+    A process killed outright leaves neither: it shows as running, with a
+    last update that stops moving (`updated`).
+    """
+    if any(event_level(e) in FAILED_LEVELS for e in events):
+        return "failed"
+    return "finished" if (run / "report.html").is_file() else "running"
+
+
 class RunNameError(ValueError):
     """A run name that is not one plain directory name (HTTP 400)."""
 
@@ -140,6 +190,7 @@ class RunsRoot:
                     "steps": len(records),
                     "last_step": last.get("step"),
                     "events": len(events),
+                    "status": run_status(path, events),
                     "updated": _mtime(path / "metrics.jsonl"),
                 }
             )

@@ -7,10 +7,12 @@ notebooks); `serve()` runs it in the foreground (`temper dash`).
 API (all GET, JSON; run names are one plain folder name under RUNS_DIR:
 anything else is a 400, a missing run or step a 404, both with `detail`):
 
-    /api/runs                             every run: name, steps, last_step, events
+    /api/runs                             every run: name, steps, last_step, events, status
+                                          (failed / finished / running)
     /api/runs/{name}                      metric names, trajectory and eval steps
     /api/runs/{name}/metrics?since=N      metrics.jsonl records from index N; `next`
-    /api/runs/{name}/events?since=N       events.jsonl records from index N; `next`
+    /api/runs/{name}/events?since=N       events.jsonl records from index N, each with a
+                                          `level` (its own, else derived); `next`
     /api/runs/{name}/evals                eval/step_N.json results
     /api/runs/{name}/steps                steps with saved trajectories
     /api/runs/{name}/trajectories/{step}  sample views (turns, tool calls, tokens)
@@ -35,7 +37,12 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
-from temper.monitor.dashboard.runs import RunNameError, RunNotFoundError, RunsRoot
+from temper.monitor.dashboard.runs import (
+    RunNameError,
+    RunNotFoundError,
+    RunsRoot,
+    with_levels,
+)
 from temper.monitor.dashboard.samples import TokenDecoder, filter_samples, load_samples
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
@@ -127,7 +134,8 @@ def create_app(
 
     @app.get("/api/runs/{name}/events")
     def events(name: str, since: int = Query(0, ge=0)) -> dict[str, Any]:
-        return root.records_since(name, "events.jsonl", since)
+        body = root.records_since(name, "events.jsonl", since)
+        return {**body, "records": with_levels(body["records"])}
 
     @app.get("/api/runs/{name}/evals")
     def evals(name: str) -> dict[str, Any]:

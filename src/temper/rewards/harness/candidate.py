@@ -1,14 +1,27 @@
-"""The candidate process: loads the solution, answers call requests (untrusted once loaded)."""
+"""The candidate process: loads the solution, answers call requests (untrusted once loaded).
+
+Its stdin/stdout are the protocol pipes; what the solution prints goes to its
+stderr, a pipe the harness drains (kept only as evidence for the reward-hack
+detectors, never parsed for a verdict)."""
 
 # ruff: noqa
-import os, resource
+import os, resource, sys
+
+
+def _flush():
+    # So what was printed so far is in the harness's pipe before it gets the reply.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
 
 
 def child_main():
     rfd, wfd = os.dup(0), os.dup(1)
     null = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(null, fd)
+    os.dup2(null, 0)
+    os.dup2(2, 1)  # print() and sys.stderr both go to the output pipe
     os.close(null)
     resource.setrlimit(resource.RLIMIT_NPROC, (0, 0))  # no processes, no threads
     rd, wr = os.fdopen(rfd, "rb"), os.fdopen(wfd, "wb")
@@ -36,17 +49,26 @@ def child_main():
         if not callable(fn) or fn is stub:
             raise NameError("the solution does not define " + entry + "()")
     except BaseException as e:
+        _flush()
         send(failure(e))
         return
+    _flush()
     send({"ok": True})
     for line in rd:
         try:
             req = json.loads(line)
             value = fn(*decode(req["args"]), **decode(req["kwargs"]))
-            reply = json.dumps({"ok": True, "value": encode(value)})
         except BaseException as e:
-            reply = json.dumps(failure(e))
-        wr.write(reply.encode() + b"\n")
+            reply = failure(e)
+        else:
+            try:
+                reply = {"ok": True, "value": encode(value)}
+            except TypeError as e:  # a subclass or an object of its own
+                reply = dict(failure(e), unplain=True)
+            except BaseException as e:
+                reply = failure(e)
+        _flush()
+        wr.write(json.dumps(reply).encode() + b"\n")
         wr.flush()
 
 

@@ -1,10 +1,14 @@
 """The trusted harness run as the sandbox snippet (after codec.py, as one script)."""
 
 # ruff: noqa
-import ast, os, select, signal, subprocess, sys, time
+import ast, os, select, signal, subprocess, sys, threading, time
 
 MAX_REPLY = 16 << 20
 MAX_RESTARTS = 20
+#: Bytes kept of what the solution prints (evidence for the hack detectors).
+OUTPUT_CAP = 16 << 10
+#: Entries looked at, and depth, when listing the files a solution left.
+MAX_LISTED, MAX_DEPTH_LISTED = 2000, 3
 
 
 class CandidateError(BaseException):
@@ -16,7 +20,58 @@ class _Timeout(Exception):
 
 
 class _Died(Exception):
-    pass
+    def __init__(self, message, own):
+        super().__init__(message)
+        self.own = own  # the process ended by itself (exit, abort, a signal it sent)
+
+
+class Output:
+    """Drains the candidate processes' output pipe on a thread, keeping the first
+    OUTPUT_CAP bytes, so a solution that prints never blocks and nothing it
+    prints is read as a verdict."""
+
+    def __init__(self):
+        self.r, self.w = os.pipe()
+        self.data = bytearray()
+        self.thread = threading.Thread(target=self._drain, daemon=True)
+        self.thread.start()
+
+    def _drain(self):
+        while True:
+            try:
+                chunk = os.read(self.r, 1 << 16)
+            except OSError:
+                return
+            if not chunk:
+                return
+            room = OUTPUT_CAP - len(self.data)
+            if room > 0:
+                self.data += chunk[:room]
+
+    def text(self):
+        """What was printed; call once every candidate process is dead."""
+        os.close(self.w)
+        self.thread.join(2.0)
+        return bytes(self.data[:OUTPUT_CAP]).decode("utf-8", "replace")
+
+
+def list_files(tops):
+    """Paths below ``tops`` (at most MAX_LISTED, MAX_DEPTH_LISTED deep; links not
+    followed), to see which files a solution left."""
+    seen, queue = set(), [(top, 0) for top in tops]
+    while queue and len(seen) < MAX_LISTED:
+        path, depth = queue.pop()
+        try:
+            with os.scandir(path) as it:
+                for entry in it:
+                    seen.add(entry.path)
+                    if depth < MAX_DEPTH_LISTED and entry.is_dir(follow_symlinks=False):
+                        queue.append((entry.path, depth + 1))
+                    if len(seen) >= MAX_LISTED:
+                        break
+        except OSError:
+            continue
+    return seen
 
 
 def split_check(src, entry_point):
@@ -73,7 +128,8 @@ def _nondumpable():
 class Candidate:
     """The candidate process, restarted on demand; every reply is untrusted data."""
 
-    def __init__(self, req):
+    def __init__(self, req, output):
+        self.output = output
         self.load = (
             json.dumps(
                 {"setup": req["setup"], "code": req["code"], "entry_point": req["entry_point"]}
@@ -88,7 +144,7 @@ class Candidate:
             [sys.executable, "-I", "-c", CHILD_SOURCE],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            stderr=self.output.w,
             close_fds=True,
         )
         os.set_blocking(self.proc.stdin.fileno(), False)
@@ -135,11 +191,17 @@ class Candidate:
         return line
 
     def _dead(self, why=None):
+        own = why is None
+        if own:  # its pipe closed: did it exit by itself, or just close the pipe?
+            try:
+                self.proc.wait(timeout=0.5)
+            except subprocess.TimeoutExpired:
+                own = False
         self.kill()
         rc = self.proc.returncode
         if why is None:
             why = ("was killed by signal %d" % -rc) if rc < 0 else ("exited with code %d" % rc)
-        return _Died("the solution's process " + why)
+        return _Died("the solution's process " + why, own)
 
     @property
     def alive(self):
@@ -161,14 +223,16 @@ class Candidate:
 class Runner:
     """Calls the candidate with a per-call and a total deadline; records why calls fail."""
 
-    def __init__(self, req):
-        self.cand = Candidate(req)
+    def __init__(self, req, output):
+        self.cand = Candidate(req, output)
         self.deadline = time.monotonic() + req["timeout"]
         self.per_call = req["test_timeout"]
         self.started = False
         self.restarts = 0
         self.load_error = self.load_kind = None
         self.kinds = []
+        # Runtime evidence for the static hack detectors (temper.rewards.code_hacks).
+        self.exited = self.unplain = False
 
     def _kind(self, kind):
         if kind not in self.kinds:
@@ -198,13 +262,14 @@ class Runner:
             msg = "%s: %s" % (reply.get("error"), reply.get("message"))
             kind = "syntax_error" if reply.get("syntax") is True else "load_error"
             if reply.get("error") in ("SystemExit", "KeyboardInterrupt"):
-                kind = "exit"
+                kind, self.exited = "exit", True
             elif reply.get("error") == "MemoryError":
                 kind = "memory"
         except _Timeout:
             msg, kind = "timeout: loading the solution took over %gs" % self.per_call, "timeout"
         except _Died as e:
             msg, kind = str(e) + " while loading", "exit"
+            self.exited = self.exited or e.own
         self.cand.kill()
         if first:  # the solution itself fails to load: every test fails
             self.load_error, self.load_kind = msg, kind
@@ -221,6 +286,7 @@ class Runner:
             raise CandidateError("timeout: no answer within %gs" % self.per_call) from None
         except _Died as e:
             self._kind("crash")
+            self.exited = self.exited or e.own
             raise CandidateError(str(e)) from None
         if reply.get("ok") is True:
             try:
@@ -229,6 +295,9 @@ class Runner:
                 raise CandidateError("the solution returned a malformed value") from None
         if reply.get("error") == "MemoryError":
             self._kind("memory")
+        elif reply.get("error") in ("SystemExit", "KeyboardInterrupt"):
+            self.exited = True
+        self.unplain = self.unplain or reply.get("unplain") is True
         raise CandidateError("%s: %s" % (reply.get("error"), reply.get("message")))
 
 
@@ -300,7 +369,10 @@ def main():
     req = json.loads(sys.stdin.buffer.read())
     nonce = req.pop("nonce")
     sys.path[:] = [p for p in sys.path if p not in ("", ".", os.getcwd())]
-    runner = Runner(req)
+    tops = (os.getcwd(), "/tmp", "/dev/shm")
+    files_before = list_files(tops)
+    output = Output()
+    runner = Runner(req, output)
     try:
         runner.ensure_started()
     except CandidateError:
@@ -310,7 +382,14 @@ def main():
     else:
         results = run_check(runner, req)
     runner.cand.kill()  # nothing untrusted runs once the verdict is written
+    observed = {
+        "exited": runner.exited,
+        "unplain": runner.unplain,
+        "output": output.text(),
+        "files": sorted(list_files(tops) - files_before)[:100],
+    }
     verdict = {
+        "observed": observed,
         "results": results,
         "load_error": runner.load_error,
         "load_kind": runner.load_kind,

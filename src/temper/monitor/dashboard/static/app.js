@@ -20,6 +20,7 @@ const Temper = (() => {
     charts: params.get("metrics") ? params.get("metrics").split(",") : null,
     pollMs: Number(params.get("poll")) || 0,
     colors: {},
+    defaulted: false, // the default selection (all runs that did not fail) has been made
     listeners: [], // called after every poll (the trajectory browser)
   };
   const $ = (id) => document.getElementById(id);
@@ -44,10 +45,18 @@ const Temper = (() => {
     return node;
   }
 
+  // The n-th colour handed out: the palette first, then hues a golden angle apart, with
+  // lightness stepped on each turn of the wheel, so no two runs ever share a colour.
+  function nthColor(n) {
+    if (n < PALETTE.length) return PALETTE[n];
+    const k = n - PALETTE.length;
+    const hue = (k * 137.508 + 20) % 360;
+    const light = 38 + ((Math.floor((k * 137.508) / 360) * 11) % 30);
+    return `hsl(${hue.toFixed(2)}, 70%, ${light}%)`;
+  }
+
   function colorOf(name) {
-    if (!state.colors[name]) {
-      state.colors[name] = PALETTE[Object.keys(state.colors).length % PALETTE.length];
-    }
+    if (!state.colors[name]) state.colors[name] = nthColor(Object.keys(state.colors).length);
     return state.colors[name];
   }
 
@@ -74,7 +83,11 @@ const Temper = (() => {
       $("runs-dir").textContent = r.runs_dir;
       const names = new Set(r.runs.map((x) => x.name));
       for (const name of [...state.selected]) if (!names.has(name)) state.selected.delete(name);
-      if (!state.selected.size && !params.get("runs")) r.runs.forEach((x) => state.selected.add(x.name));
+      // First poll with no ?runs=: every run but the failed ones (tick them to see them).
+      if (!state.defaulted && !params.get("runs")) {
+        r.runs.filter((x) => x.status !== "failed").forEach((x) => state.selected.add(x.name));
+        state.defaulted = r.runs.length > 0;
+      }
       // The step-time view may show a run that is not selected: keep it live too.
       const shown = new Set([...state.selected, $("time-run").value].filter((n) => names.has(n)));
       await Promise.all([...shown].map(pollRun));
@@ -115,7 +128,8 @@ const Temper = (() => {
             },
           }),
           h("span", { class: "swatch", style: `background:${colorOf(r.name)}` }),
-          h("span", {}, r.name, h("span", { class: "muted" }, ` · ${r.steps} steps`))),
+          h("span", {}, r.name, h("span", { class: "muted" }, ` · ${r.steps} steps`),
+            r.status === "failed" ? h("span", { class: "status-failed" }, " · failed") : "")),
       ),
     );
   }

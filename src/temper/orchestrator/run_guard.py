@@ -1,0 +1,207 @@
+"""What keeps a run from training nothing in silence, or from losing work.
+
+- `check_can_learn`: refuse at start a config that cannot produce a single
+  update (a group-baseline advantage with groups of one).
+- `check_reward_functions`: call-check every TRL-style reward function's
+  signature against the dataset's columns at start, before any eval.
+- `RewardErrorReport`: print each kind of reward error once, with its sample,
+  and count them all.
+- `InterruptFlag`: the first Ctrl-C asks the run to stop after the current
+  step (and write a checkpoint); a second one stops at once.
+
+The orchestrator calls these; the learning health checks themselves
+(`no_update`, `reward_errors`, `all_groups_dropped`) are in
+`temper.monitor.health`.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+import sys
+from collections import Counter
+from typing import Any
+
+from temper.config import Config
+from temper.data.base import Task
+from temper.errors import ConfigError
+from temper.rewards.base import TRAINER_STATE
+from temper.rollout.trajectory import Trajectory
+
+
+def check_can_learn(cfg: Config) -> None:
+    """Refuse a config that cannot update the policy once (ConfigError, before any work)."""
+    o = cfg.orchestrator
+    if o.mode != "rollout_only" and o.group_size < 2:
+        raise ConfigError(
+            f"orchestrator.group_size = {o.group_size} cannot learn: algo.advantage = "
+            f"{cfg.algo.advantage!r} compares each sample with the others of its group, so "
+            "every group of one is dropped and the policy never updates; use group_size >= 2"
+        )
+
+
+def check_reward_functions(cfg: Config, tasks: list[Task]) -> None:
+    """Check each ``type = "python"`` reward function's signature against ``tasks``' columns."""
+    from temper.rewards.trl_adapter import TRLRewardFunction, load_reward_function
+
+    if cfg.env.enabled and not cfg.env.add_reward:
+        return
+    columns = {key for task in tasks for key in task.columns}
+    for comp in cfg.reward.components:
+        if comp.type == "python" and comp.function:
+            TRLRewardFunction(load_reward_function(comp.function)).check_signature(columns)
+
+
+def error_kind(error: str) -> str:
+    """What makes two reward errors "the same": the text less exception messages and numbers."""
+    kind = re.sub(r"(raised [\w.]+): [^;]*", r"\1", error)
+    return re.sub(r"\d+", "N", kind)
+
+
+class RewardErrorReport:
+    """Prints the first reward error of each kind and counts them all."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+
+    def see(self, step: int, trajs: list[Trajectory]) -> list[dict[str, Any]]:
+        """Count ``trajs``' reward errors; return an event for each kind seen for the first time.
+
+        ``sample`` is the trajectory's index in the step's batch.
+        """
+        first: list[dict[str, Any]] = []
+        for index, traj in enumerate(trajs):
+            if traj.reward_error is None:
+                continue
+            kind = error_kind(traj.reward_error)
+            if kind not in self.counts:
+                first.append({"step": step, "kind": "reward_error", "sample": index,
+                              "task_id": traj.task_id, "error": traj.reward_error})  # fmt: skip
+            self.counts[kind] += 1
+        return first
+
+    @staticmethod
+    def line(event: dict[str, Any]) -> str:
+        return (
+            f"reward error at step {event['step']}, sample {event['sample']} "
+            f"(task {event['task_id']}): {event['error']} "
+            "[shown once; every error is counted in metrics.jsonl reward_errors]"
+        )
+
+    def summary(self) -> str | None:
+        if not self.counts:
+            return None
+        kinds = "; ".join(f"{n} x {kind}" for kind, n in self.counts.most_common(3))
+        more = f" (+{len(self.counts) - 3} more kinds)" if len(self.counts) > 3 else ""
+        return f"reward errors: {sum(self.counts.values())} in this run: {kinds}{more}"
+
+
+def say(progress: Any, message: str) -> None:
+    """A console line, shown whether or not the progress bar is on."""
+    if getattr(progress, "enabled", False):
+        progress.log(message)
+    else:
+        print(message, file=sys.stderr, flush=True)
+
+
+class InterruptFlag:
+    """While active, the first SIGINT sets ``requested``; a second raises KeyboardInterrupt.
+
+    So Ctrl-C lets the step in progress finish and the run write a final
+    checkpoint (whatever `checkpoint.every` says); Ctrl-C again quits at once.
+    Does nothing outside the main thread (signals go to the main thread only).
+    """
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._previous: Any = None
+
+    def __enter__(self) -> InterruptFlag:
+        try:
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        except ValueError:  # not the main thread
+            self._previous = None
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.requested:
+            raise KeyboardInterrupt
+        self.requested = True
+        print(
+            "temper: interrupt: finishing this step and writing a checkpoint "
+            "(Ctrl-C again to quit now)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+class RunGuard:
+    """The per-run state of the checks above: the orchestrator holds one.
+
+    ``stop_reason`` is set when a health check stopped the run; ``interrupted_at``
+    when Ctrl-C did (the step whose checkpoint was written).
+    """
+
+    def __init__(self, cfg: Config, health: Any, events: Any) -> None:
+        self.cfg, self.health, self.events = cfg, health, events
+        self.reward_errors = RewardErrorReport()
+        self.interrupt = InterruptFlag()
+        self.stop_reason: str | None = None
+        self.interrupted_at: int | None = None
+        TRAINER_STATE.max_steps = cfg.orchestrator.steps
+
+    def start(self, start_step: int, run_dir: Any, progress: Any) -> None:
+        """At the start of the loop: say (and record) that this run resumes, if it does."""
+        TRAINER_STATE.global_step = start_step
+        message = resume_message(run_dir, start_step, self.cfg)
+        if message:
+            say(progress, message)
+            self.events.write({"step": start_step, "kind": "resumed",
+                               "config_changes": run_dir.config_changes})  # fmt: skip
+
+    def after_step(
+        self, step: int, m: dict[str, Any], trajs: list[Trajectory], progress: Any
+    ) -> list[Any]:
+        """Report new kinds of reward errors; return the learning checks' alerts."""
+        TRAINER_STATE.global_step = step  # steps completed: what the next scoring sees
+        for event in self.reward_errors.see(step, trajs):
+            self.events.write(event)
+            say(progress, self.reward_errors.line(event))
+        trains = self.cfg.orchestrator.mode != "rollout_only"
+        last = step == self.cfg.orchestrator.steps
+        return self.health.check_learning(step, m, last=last, trains=trains)
+
+    def stopped_by(self, alert: Any) -> None:
+        self.stop_reason = (
+            f"run stopped at step {alert.step} by health check {alert.kind}: {alert.message}"
+        )
+
+    def finish(self, progress: Any) -> None:
+        summary = self.reward_errors.summary()
+        if summary:
+            say(progress, summary)
+
+
+def resume_message(run_dir: Any, start_step: int, cfg: Config) -> str | None:
+    """The line a resumed run prints (None for a fresh start)."""
+    if run_dir.resume_from is None:
+        return None
+    text = f"resuming from step {start_step} ({run_dir.resume_from})"
+    if run_dir.config_changes:
+        changes = ", ".join(
+            f"{k}: {old!r} -> {new!r}" for k, (old, new) in run_dir.config_changes.items()
+        )
+        text += (
+            f"; config changed ({changes}), recorded in "
+            f"config.resumed_step_{start_step}.toml beside config.toml"
+        )
+    if cfg.orchestrator.max_staleness:
+        text += (
+            "; async: groups that were in flight or buffered at the checkpoint are not "
+            "kept, so the steps after it differ from an uninterrupted run's"
+        )
+    return text
