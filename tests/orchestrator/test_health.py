@@ -52,6 +52,18 @@ def test_throughput_regression_against_moving_average():
     assert _kinds(mon.check(5, {**GOOD, "gen_tokens_per_s": 100.0})) == ["throughput"]
 
 
+def test_a_sustained_throughput_drop_alerts_once_until_it_recovers():
+    """A shared machine: the rate stays low, jitters just under and over the line."""
+    mon = HealthMonitor(HealthConfig(window=4))
+    base = GOOD["gen_tokens_per_s"]
+    alerts = []
+    rates = [base] * 4 + [0.1 * base] * 6 + [0.32 * base, 0.25 * base] * 3
+    rates += [base] * 4 + [0.1 * base] * 3  # recovered, then a second drop
+    for step, rate in enumerate(rates, start=1):
+        alerts += mon.check(step, {**GOOD, "gen_tokens_per_s": rate})
+    assert [(a.kind, a.step) for a in alerts] == [("throughput", 5), ("throughput", 21)]
+
+
 def test_reward_hacking_reward_up_while_heldout_flat():
     mon = HealthMonitor(HealthConfig())
     assert mon.observe_eval(0, accuracy=0.40) == []

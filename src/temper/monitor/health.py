@@ -22,7 +22,9 @@ Checks (a missing metric skips its check):
 - ``mismatch``: mean |trainer logprob - engine logprob| on sampled tokens above
   ``threshold`` (train/inference mismatch).
 - ``throughput``: generation tokens/s below ``threshold`` times its moving
-  average over the last ``window`` steps.
+  average over the last ``window`` steps; once per sustained drop (it fires
+  again only after the rate came back above halfway between the threshold and
+  the average), so a shared machine does not flood the log.
 - ``reward_hacking``: `observe_eval` is fed held-out accuracy; fires when the
   train reward rose by more than ``threshold`` since the previous eval while
   held-out accuracy stayed flat or fell.
@@ -126,6 +128,7 @@ class HealthMonitor:
         )
         self._lengths: list[float] = []
         self._throughput: deque[float] = deque(maxlen=cfg.window)
+        self._throughput_low = False  # an alert fired and the rate has not recovered
         self._reward_at_eval: float | None = None
         self._accuracy_at_eval: float | None = None
         self._last_reward: float | None = None
@@ -184,9 +187,15 @@ class HealthMonitor:
             return
         if len(self._throughput) == self._throughput.maxlen:
             avg = sum(self._throughput) / len(self._throughput)
-            if rate < self.cfg.throughput.threshold * avg:
+            low = self.cfg.throughput.threshold
+            if rate < low * avg and not self._throughput_low:
+                # One alert per sustained drop: re-armed only once the rate is back
+                # above the midpoint between the threshold and the average.
+                self._throughput_low = True
                 self._fire(out, step, "throughput", rate,
-                           f"generation {rate:.0f} tok/s < {self.cfg.throughput.threshold:g}x the moving average {avg:.0f}")  # fmt: skip
+                           f"generation {rate:.0f} tok/s < {low:g}x the moving average {avg:.0f}")  # fmt: skip
+            elif rate >= (low + 1) / 2 * avg:
+                self._throughput_low = False
         self._throughput.append(float(rate))
 
     def check_learning(
