@@ -174,13 +174,36 @@ class RewardComponentConfig(_Section):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
 
     type: Literal[
-        "math", "format", "python", "overlong", "exact", "json_schema", "tool_call_ast"
+        "math",
+        "format",
+        "python",
+        "overlong",
+        "exact",
+        "json_schema",
+        "tool_call_ast",
+        "reward_model",
+        "judge",
     ] = Field(
         description="math: math-verify vs the answer; format: regex; python: your function; "
         "overlong: DAPO soft overlong penalty in [-1, 0]; exact: the completion (or its last "
         "\\boxed{}) equals the answer; json_schema: the completion (or its last ```json block) "
         "is JSON valid against a schema; tool_call_ast: the completion's tool calls match the "
-        "task's expected calls (BFCL AST rules, temper.rewards.tool_call_ast)."
+        "task's expected calls (BFCL AST rules, temper.rewards.tool_call_ast); reward_model: a "
+        "sequence-classification reward model in process (model) or a temper serve-rm URL "
+        "(base_url); judge: an LLM judge behind any OpenAI-compatible endpoint (base_url, model)."
+    )
+    model: str | None = Field(
+        None,
+        description='For type=reward_model: a reward model directory or "tiny-rm" (in process); '
+        "for type=judge: the model id sent to the endpoint.",
+    )
+    base_url: str | None = Field(
+        None,
+        description="For type=reward_model: a temper serve-rm URL; for type=judge: an "
+        'OpenAI-compatible endpoint, e.g. "http://127.0.0.1:8000/v1".',
+    )
+    api_key_env: str | None = Field(
+        None, description="For type=judge: environment variable holding the API key."
     )
     weight: float = Field(1.0, description="Weight of this component in the total reward.")
     pattern: str | None = Field(None, description="Regex for type=format.")
@@ -224,6 +247,13 @@ class RewardComponentConfig(_Section):
     def _python_needs_function(self) -> RewardComponentConfig:
         if self.type == "python" and not self.function:
             raise ValueError("reward component of type 'python' needs 'function'")
+        if self.type == "reward_model" and (self.model is None) == (self.base_url is None):
+            raise ValueError(
+                "reward component of type 'reward_model' needs exactly one of 'model' (in "
+                "process) or 'base_url' (a temper serve-rm URL)"
+            )
+        if self.type == "judge" and not (self.base_url and self.model):
+            raise ValueError("reward component of type 'judge' needs 'base_url' and 'model'")
         if self.type == "overlong":
             if self.max_tokens is None or self.cache_tokens is None:
                 raise ValueError(

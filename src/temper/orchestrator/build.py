@@ -88,6 +88,17 @@ def build_reward(cfg: RewardConfig, tokenizer: Any = None) -> Reward:
             from temper.rewards.tool_call_ast import ToolCallASTReward
 
             r = ToolCallASTReward(comp.ground_truth_field, comp.functions_field)
+        elif comp.type == "reward_model":
+            from temper.rewards.reward_model import RewardModelReward
+
+            r = RewardModelReward(base_url=comp.base_url, model=comp.model)
+        elif comp.type == "judge":
+            from temper.engine.openai_endpoint import api_key_from_env
+            from temper.rewards.judge import JudgeReward
+
+            assert comp.base_url is not None and comp.model is not None
+            key = api_key_from_env(comp.api_key_env) or "EMPTY"
+            r = JudgeReward(comp.base_url, comp.model, key)
         else:
             assert comp.function is not None
             r = TRLRewardFunction(load_reward_function(comp.function))

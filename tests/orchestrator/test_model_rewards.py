@@ -1,0 +1,78 @@
+"""`reward.components[].type = "reward_model"` and `"judge"` in real `temper train` runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from temper.cli.main import main
+from temper.config import config_from_dict
+from temper.errors import ConfigError
+from temper.models import load_tokenizer
+from temper.serve import start_server
+from temper.serve.testing import RecordingEngine
+
+COMMON = [
+    "--orchestrator.steps=2",
+    "--orchestrator.prompts_per_step=2",
+    "--orchestrator.group_size=4",
+    "--orchestrator.drop_zero_variance_groups=false",
+    "--eval.at_start=false",
+    "--eval.at_end=false",
+    "--eval.every=0",
+    "--log.progress=false",
+]
+
+
+def _train(tmp_path: Path, components: str, *extra: str) -> list[dict]:
+    config = tmp_path / "run.toml"
+    config.write_text(f"[reward]\nfilters = []\ncomponents = {components}\n")
+    argv = ["train", str(config), f"--run.output_dir={tmp_path}", "--run.name=r", *COMMON]
+    assert main([*argv, *extra]) == 0
+    lines = (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(x) for x in lines]
+
+
+@pytest.mark.slow
+def test_a_run_scored_by_the_in_process_reward_model(tmp_path):
+    metrics = _train(tmp_path, '[{type = "reward_model", model = "tiny-rm"}]')
+    assert [m["step"] for m in metrics] == [1, 2]
+    for m in metrics:
+        assert m["reward_errors"] == 0 and "reward/reward_model" in m
+        assert m["reward_std"] > 0  # real scores, not a constant fallback
+        assert m["train_tokens"] > 0
+
+
+@pytest.mark.slow
+def test_a_run_scored_by_an_llm_judge_behind_temper_serve(tmp_path):
+    tok = load_tokenizer("tiny")
+    # The judge gives 9 to answers with a \boxed{} and 2 to the rest.
+    engine = RecordingEngine(
+        tok,
+        [
+            lambda prompt, i: (
+                "Score: 9" if "\\boxed" in prompt.split("<response")[-1] else "Score: 2"
+            )
+        ],
+        max_context=100_000,
+    )
+    handle = start_server(engine, tok, model_name="judge")
+    try:
+        components = f'[{{type = "judge", base_url = "{handle.base_url}", model = "judge"}}]'
+        metrics = _train(tmp_path, components)
+    finally:
+        handle.stop()
+    # Every distinct completion went to the judge once (its cache answers repeats).
+    assert 0 < len(engine.prompts) <= 2 * 2 * 4
+    for m in metrics:
+        assert m["reward_errors"] == 0 and "reward/judge" in m
+        assert 0.0 <= m["reward_mean"] <= 1.0  # scores normalised from [0, 10]
+
+
+def test_model_reward_components_name_what_they_miss():
+    with pytest.raises(ConfigError, match="exactly one of 'model'"):
+        config_from_dict({"reward": {"components": [{"type": "reward_model"}]}})
+    with pytest.raises(ConfigError, match="needs 'base_url' and 'model'"):
+        config_from_dict({"reward": {"components": [{"type": "judge", "model": "x"}]}})
