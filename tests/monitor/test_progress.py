@@ -113,3 +113,15 @@ def test_temper_train_into_a_file_logs_each_step(tmp_path):
     assert [line.split()[1] for line in step_lines] == ["1/3", "2/3", "3/3"], text
     assert all(" tok/s " in line and " eta " in line for line in step_lines)
     assert all(len(line) <= 80 for line in step_lines)
+
+
+def test_log_progress_every_s_thins_a_real_runs_lines(tmp_path, capsys):
+    from temper.cli.main import main
+
+    argv = ["train", f"--run.output_dir={tmp_path}", "--run.name=p", "--orchestrator.steps=3",
+            "--orchestrator.prompts_per_step=2", "--orchestrator.group_size=2",
+            "--eval.at_start=false", "--eval.at_end=false", "--eval.every=0",
+            "--log.progress_every_s=3600"]  # fmt: skip
+    assert main(argv) == 0
+    steps = [line for line in capsys.readouterr().err.splitlines() if line.startswith("step ")]
+    assert [line.split()[1] for line in steps] == ["1/3", "3/3"]  # the first, then the last

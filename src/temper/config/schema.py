@@ -494,7 +494,13 @@ class LogConfig(_Section):
     progress: bool = Field(
         True,
         description="Show progress on stderr: a live bar on a terminal, else one plain line per "
-        "step (at most one per TEMPER_PROGRESS_EVERY_S seconds when that is set).",
+        "step (at most one per progress_every_s seconds when that is set).",
+    )
+    progress_every_s: float | None = Field(
+        None,
+        ge=0,
+        description="Off a terminal: at most one progress line per this many seconds (the last "
+        "step always prints); unset = every step, or TEMPER_PROGRESS_EVERY_S when that is set.",
     )
     sinks: list[Literal["tensorboard", "wandb", "mlflow"]] = Field(
         default_factory=list,

@@ -357,7 +357,9 @@ class SyncOrchestrator:
         steps = cfg.orchestrator.steps
         last_eval: dict[str, Any] = {}
         started = time.perf_counter()
-        with RunProgress(steps, self.start_step, enabled=cfg.log.progress) as progress:
+        with RunProgress(
+            steps, self.start_step, enabled=cfg.log.progress, every_s=cfg.log.progress_every_s
+        ) as progress:
             self.guard.start(self.start_step, self.run_dir, progress)
             if cfg.eval.at_start and self.start_step == 0:
                 last_eval = await self.evaluate(0)
