@@ -4,14 +4,19 @@ and whole episodes through `run_episodes` (a scripted engine and the tiny model)
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
-import torch
 
 from temper.data.base import Task
-from temper.engine.base import Engine, GenerationResult, SampleOutput, SamplingParams
+from temper.engine.base import (
+    Engine,
+    EngineDefaults,
+    GenerationResult,
+    SampleOutput,
+    SamplingParams,
+)
 from temper.engine.native import NativeEngine
 from temper.envs import AssistantTurn, EpisodeLimits, StepResult
 from temper.envs.games import (
@@ -27,6 +32,7 @@ from temper.envs.registry import build_env_spec
 from temper.errors import ConfigError
 from temper.models.loader import load_model, load_tokenizer
 from temper.rollout.multi_turn import run_episodes
+from temper.weights.transport import WeightTransport
 
 
 def run(coro: Any) -> Any:
@@ -268,7 +274,7 @@ def test_options_reach_the_env_and_tasks() -> None:
 # ----------------------------------------------------------------------------- episodes
 
 
-class ScriptedEngine:
+class ScriptedEngine(EngineDefaults):
     """A real `Engine` whose k-th turn in a conversation is `replies[k]`, tokenized and
     ended with the template's stop id (<|im_end|>). Records each (prompt, sample)."""
 
@@ -286,7 +292,8 @@ class ScriptedEngine:
         self.calls.append((list(prompt_token_ids), sample))
         return GenerationResult(list(prompt_token_ids), [sample])
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
+    def load_weights(self, transport: WeightTransport, version: int) -> None:
+        transport.receive(version)
         self.version = version
 
     async def close(self) -> None:

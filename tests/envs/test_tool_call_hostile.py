@@ -7,7 +7,7 @@ import asyncio
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from temper.data.base import Task
@@ -178,6 +178,8 @@ def test_property_well_formed_calls_round_trip(name: str, arguments: dict) -> No
     text = block(json.dumps({"name": name, "arguments": arguments}))
     calls, errors = parse_tool_calls(text)
     shown = json.dumps([name, arguments], ensure_ascii=False)
+    # A name or argument holding the tags themselves cannot round-trip through Hermes text.
+    assume("<tool_call>" not in shown and "</tool_call>" not in shown)
     has_surrogate = any(0xD800 <= ord(ch) <= 0xDFFF for ch in shown)
     if has_surrogate:  # hypothesis text can hold lone surrogates: refused, not raised
         assert errors and not calls

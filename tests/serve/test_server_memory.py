@@ -107,15 +107,12 @@ def test_peak_memory_stays_bounded(command: str) -> None:
                 assert http.post(f"{url}{path}", json=body("What is 2+3?")).status_code == 200
             base = _memory_mb(proc.pid)
 
-            declared = http.post(f"{url}{path}", content=b"x" * BIG)
-            assert declared.status_code == 413
-
             def chunks():
                 for _ in range(BIG // 2**20):
                     yield b"y" * 2**20
 
-            chunked = http.post(f"{url}{path}", content=chunks())
-            assert chunked.status_code == 413
+            for content in (b"x" * BIG, chunks()):  # declared length, then chunked
+                assert _refused(http, f"{url}{path}", content)
 
             text = "word " * (8 * 2**20 // 5 - 40)  # the body is just under 8 MiB
             raw = json.dumps(body(text)).encode()
@@ -144,3 +141,13 @@ def test_peak_memory_stays_bounded(command: str) -> None:
 
 def http_ok(url: str, path: str, payload: dict) -> bool:
     return httpx.post(f"{url}{path}", json=payload, timeout=60).status_code == 200
+
+
+def _refused(http: httpx.Client, url: str, content) -> bool:
+    """An oversized body is refused: a 413, or (on a loaded machine) the connection closed
+    by the server after its 413 while the client was still sending, which can cost the
+    client the answer. Either way the server did not take the body (the RSS check below)."""
+    try:
+        return http.post(url, content=content).status_code == 413
+    except (httpx.RemoteProtocolError, httpx.WriteError, httpx.ReadError):
+        return True
