@@ -8,6 +8,8 @@ events.jsonl; configs that can never learn are refused before any work.
 import json
 from pathlib import Path
 
+import pytest
+
 from temper.cli.main import main
 
 SHORT = [
@@ -110,7 +112,8 @@ def test_a_reward_signature_is_checked_before_the_first_eval(tmp_path, capsys):
     assert not (tmp_path / "sig").exists()  # no step-0 eval ran, nothing was written
 
 
-def test_trl_reward_functions_get_what_trl_passes(tmp_path):
+@pytest.mark.parametrize("backend", ["local", "process"])
+def test_trl_reward_functions_get_what_trl_passes(tmp_path, backend):
     # completion_ids, trainer_state.global_step and the category, as TRL's GRPOTrainer passes.
     log = tmp_path / "seen.jsonl"
     spec = _reward_file(
@@ -123,10 +126,15 @@ def test_trl_reward_functions_get_what_trl_passes(tmp_path):
         "    return [float(len(ids) % 2) for ids in completion_ids]\n",
     )
     code = _train(tmp_path, "trl", *_python_reward(spec), "--health.no_update.enabled=false",
-                  "--health.all_groups_dropped.enabled=false")  # fmt: skip
+                  "--health.all_groups_dropped.enabled=false",
+                  f"--orchestrator.backend={backend}", "--orchestrator.rollout_workers=1")  # fmt: skip
     assert code == 0
     calls = [json.loads(x) for x in log.read_text().splitlines()]
-    assert [c["step"] for c in calls] == [0, 1]  # steps completed when scored, as in TRL
+    # Steps completed when scored, as in TRL (rollout workers score one group per call).
+    steps = [c["step"] for c in calls]
+    assert steps == sorted(steps) and sorted(set(steps)) == [0, 1]
+    for step in (0, 1):
+        assert sum(len(c["ids"]) for c in calls if c["step"] == step) == 8
     for call in calls:
-        assert len(call["ids"]) == 8 and all(isinstance(i, int) for ids in call["ids"] for i in ids)
+        assert all(isinstance(i, int) for ids in call["ids"] for i in ids)
         assert all(c.startswith("level") for c in call["category"])

@@ -22,6 +22,7 @@ from typing import Any
 from temper.config import Config
 from temper.data.base import Task
 from temper.engine.base import SamplingParams
+from temper.rewards.base import TRAINER_STATE
 
 
 class RolloutWorker:
@@ -55,10 +56,14 @@ class RolloutWorker:
         self.rollouts = build_rollouts(cfg, self.engine, self.tokenizer)
         self.ring = SharedMemoryRingTransport(ring_root) if ring_root else None
         latest = self.ring.latest_version() if self.ring is not None else None
+        # What TRL reward functions see as trainer_state: the weight version is the
+        # number of training steps completed, as the orchestrator's own count is.
+        TRAINER_STATE.max_steps = cfg.orchestrator.steps
         if latest is not None:
             self.load_weights(latest)
         else:
             self.engine.version = int(start_version)
+            TRAINER_STATE.global_step = int(start_version)
 
     @property
     def version(self) -> int:
@@ -100,8 +105,9 @@ class RolloutWorker:
         """
         if self.ring is None or self.ring.latest_version() is None:
             self.engine.version = int(version)
-            return self.version
-        self.engine.load_weights(self.ring, version)  # copies out of the ring slot
+        else:
+            self.engine.load_weights(self.ring, version)  # copies out of the ring slot
+        TRAINER_STATE.global_step = self.version
         return self.version
 
     def ping(self) -> dict[str, Any]:
