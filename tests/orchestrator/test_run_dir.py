@@ -70,6 +70,32 @@ def test_overwrite_keeps_the_old_run_when_the_new_start_is_invalid(tmp_path, cap
     assert (run / "metrics.jsonl").read_text() == '{"step": 1, "reward_mean": 0.5}\n'
 
 
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "--data.path=/no/such/data.jsonl",
+        '--reward.components=[{type="python",function="no_such_module_xyz:f"}]',
+    ],
+)
+def test_overwrite_with_rollout_workers_checks_data_and_reward_first(tmp_path, capsys, bad):
+    # Rollout workers write their pid files into the run directory, so it is made before
+    # they start; the data and the reward functions are checked before that.
+    run = _old_run(tmp_path)
+    argv = ["--run.overwrite=true", "--orchestrator.backend=process", "--data.type=file", bad]
+    if "data.path" not in bad:
+        argv.append(f"--data.path={_words(tmp_path)}")
+    assert _train(tmp_path, "old", *argv) == 2
+    _one_line_error(capsys.readouterr().err)
+    assert (run / "metrics.jsonl").read_text() == '{"step": 1, "reward_mean": 0.5}\n'
+
+
+def _words(tmp_path) -> str:
+    data = tmp_path / "words.jsonl"
+    rows = [{"prompt": f"say {w}", "answer": w} for w in ("red", "green", "blue") * 10]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(data)
+
+
 def test_what_a_failed_start_left_does_not_block_the_retry(tmp_path):
     # What the old code left after a start that failed past RunDir.prepare.
     run = tmp_path / "retry"

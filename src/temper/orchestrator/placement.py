@@ -21,18 +21,27 @@ from temper.orchestrator.build import build_engine, build_rollouts, build_run_ta
 
 
 def build_backend(
-    cfg: Config, model_path: str, tokenizer: Any, run_dir: Path | None = None
+    cfg: Config,
+    model_path: str,
+    tokenizer: Any,
+    run_dir: Path | None = None,
+    tasks: tuple[Any, Any, Any] | None = None,
 ) -> RolloutBackend:
     """The run's rollout backend. ``model_path`` is the weights the engines start from
-    (the base model or the checkpoint being resumed)."""
+    (the base model or the checkpoint being resumed); ``tasks`` is what
+    `build_run_tasks` gave, when the caller made them already (remote backends)."""
     if cfg.orchestrator.backend in ("process", "ray"):
-        return start_remote_backend(cfg, model_path, tokenizer, run_dir)
+        return start_remote_backend(cfg, model_path, tokenizer, run_dir, tasks)
     engine = build_engine(cfg, model_path, tokenizer)
     return LocalBackend(engine, build_rollouts(cfg, engine, tokenizer))
 
 
 def start_remote_backend(
-    cfg: Config, model_path: str, tokenizer: Any, run_dir: Path | None = None
+    cfg: Config,
+    model_path: str,
+    tokenizer: Any,
+    run_dir: Path | None = None,
+    tasks: tuple[Any, Any, Any] | None = None,
 ) -> RolloutBackend:
     """Rollout workers (processes, or Ray actors) for ``cfg``, started and ready.
 
@@ -43,7 +52,7 @@ def start_remote_backend(
     from temper.orchestrator.remote.rollouts import RemoteBackend
     from temper.rollout.single_turn import PromptRenderer
 
-    train, heldout, spec = build_run_tasks(cfg)
+    train, heldout, spec = tasks if tasks is not None else build_run_tasks(cfg)
     renderer = None if spec is not None else PromptRenderer(tokenizer, cfg.data.system_prompt)
     rollouts = Rollouts(None, train, heldout, None, renderer, spec)  # type: ignore[arg-type]
     if cfg.orchestrator.backend == "ray":

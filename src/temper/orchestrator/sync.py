@@ -40,6 +40,7 @@ from temper.monitor.sinks import (
 )
 from temper.orchestrator.async_rollouts import AsyncRollouts
 from temper.orchestrator.backend import publish_weights
+from temper.orchestrator.build import build_run_tasks
 from temper.orchestrator.placement import build_backend
 from temper.orchestrator.run_dir import RunDir
 from temper.orchestrator.run_guard import RunGuard, check_can_learn, check_reward_functions
@@ -158,9 +159,14 @@ class SyncOrchestrator:
         # world_size > 1: FSDP2 ranks in child processes (temper.trainer.distributed).
         self.trainer = build_trainer(cfg, self.model, model_path, pad if pad is not None else 0)
         # Engines (local, or in rollout workers) and the transport their weights take.
+        tasks = None
         if cfg.orchestrator.backend in ("process", "ray"):
-            self.run_dir.create(cfg)  # the workers write their pid files into it
-        self.backend = build_backend(cfg, model_path, self.tokenizer, self.run_dir.path)
+            # The workers write their pid files into the run directory, so it is made
+            # before they start: check the data and reward functions here first.
+            tasks = build_run_tasks(cfg)
+            check_reward_functions(cfg, [*tasks[1], *getattr(tasks[0], "tasks", [])])
+            self.run_dir.create(cfg)
+        self.backend = build_backend(cfg, model_path, self.tokenizer, self.run_dir.path, tasks)
         self.rollouts = self.backend.rollouts
         self.sampler, self.eval_tasks = self.rollouts.train, self.rollouts.heldout
         self._check_prompts_fit()
