@@ -51,7 +51,6 @@ from temper import compute
 from temper.engine.base import (
     EngineAbilities,
     EngineDefaults,
-    FinishReason,
     GenerationResult,
     SampleOutput,
     SamplingParams,
@@ -533,4 +532,4 @@ def _eos_ids(hf_config: Any, tokenizer: Any) -> set[int]:
     return ids
 
 
-__all__ = ["FinishReason", "VLLMEngine", "vllm_available"]
+__all__ = ["VLLMEngine", "vllm_available"]
