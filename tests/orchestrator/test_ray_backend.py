@@ -34,7 +34,7 @@ ray = pytest.importorskip("ray")
 
 from temper.orchestrator.backend import publish_weights  # noqa: E402
 from temper.orchestrator.placement import start_remote_backend  # noqa: E402
-from temper.orchestrator.remote.ray_actor import ray_settings  # noqa: E402
+from temper.orchestrator.remote.ray_actor import ray_settings, start_ray  # noqa: E402
 from temper.orchestrator.remote.ray_pool import RayWorkerPool  # noqa: E402
 from temper.weights import push_weights  # noqa: E402
 
@@ -45,9 +45,8 @@ SEED = 7
 @pytest.fixture(scope="session")
 def ray_cluster():
     """One local cluster for every test here (starting one costs ~7 s on 2 cores)."""
-    started = not ray.is_initialized()
-    if started:
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    cfg = config_from_dict({"run": {"name": "ray-cluster"}})
+    started = start_ray(cfg, num_cpus=2, log_to_driver=False)
     yield ray
     if started:
         ray.shutdown()
@@ -138,6 +137,9 @@ def test_ray_groups_match_local_and_weights_reach_actors(ray_cluster):
     try:
         pids = remote.pool.pids()
         assert len(set(pids)) == 2 and os.getpid() not in pids  # two separate actor processes
+        # Rollout actors run at normal priority, not Ray's nice 15 for workers
+        # (at 15 they starve beside any other load and never get ready).
+        assert [os.getpriority(os.PRIO_PROCESS, pid) for pid in pids] == [0, 0]
 
         async def both() -> tuple:
             return await local.groups(tasks, PARAMS, SEED), await remote.rollouts.source.groups(

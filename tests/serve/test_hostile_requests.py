@@ -203,6 +203,26 @@ def test_body_over_the_limit_is_413_before_it_is_read(server, request):
     assert reply.status_code == 413 and "larger than" in reply.json()["error"]["message"]
 
 
+@pytest.mark.parametrize("server", ["llm", "rm"])
+def test_a_client_that_sends_its_refused_body_anyway_reads_the_413(server, request):
+    """The client writes all of a 2 MB body (over the 64 KiB limit) before it reads.
+    The server answered 413 after the head; had it closed at once, the bytes
+    still arriving would reset the connection and the client would never see why."""
+    handle = request.getfixturevalue(server)
+    path = "/v1/chat/completions" if server == "llm" else "/score"
+    body = b"{" + b" " * (2 * 2**20 - 2) + b"}"
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    for _ in range(3):  # a reset is a race: give it a few chances to show
+        data = raw_exchange(handle.url, head, body)
+        assert data.startswith(b"HTTP/1.1 413 "), data[:200]
+        assert "--max-body-mb" in json.loads(data.split(b"\r\n\r\n", 1)[1])["error"]["message"]
+    reply = httpx.post(f"{handle.url}{path}", content=body, timeout=30)
+    assert reply.status_code == 413
+
+
 def test_body_under_the_limit_is_served(rm):
     pairs = [{"prompt": "p " * 2500, "response": "r"}] * 8  # ~40 KB < 64 KiB
     reply = httpx.post(f"{rm.url}/score", json={"pairs": pairs}, timeout=60)

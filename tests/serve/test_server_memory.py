@@ -144,10 +144,6 @@ def http_ok(url: str, path: str, payload: dict) -> bool:
 
 
 def _refused(http: httpx.Client, url: str, content) -> bool:
-    """An oversized body is refused: a 413, or (on a loaded machine) the connection closed
-    by the server after its 413 while the client was still sending, which can cost the
-    client the answer. Either way the server did not take the body (the RSS check below)."""
-    try:
-        return http.post(url, content=content).status_code == 413
-    except (httpx.RemoteProtocolError, httpx.WriteError, httpx.ReadError):
-        return True
+    """An oversized body is refused with a 413 the client gets to read, even while it
+    is still sending (the server lingers on close; `temper.serve.limits`)."""
+    return http.post(url, content=content).status_code == 413

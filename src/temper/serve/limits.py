@@ -12,7 +12,9 @@ Both servers (`temper serve`, `temper serve-rm`) use these:
   closes a connection whose request head has not arrived within the head
   timeout (counted from the connection's start or the previous response's
   end). uvicorn itself has no such timeout: a client that sends half a
-  request line and waits held its connection forever.
+  request line and waits held its connection forever. A connection closed
+  before its request body was read lingers (`LINGER_S`), dropping input, so
+  a client still sending a refused body reads the 413 instead of a reset.
 - `longest_token_chars(tokenizer)`: the most characters one token can stand
   for, so a text's minimum token count is known before it is tokenized (a
   text of more than ``max_tokens * longest_token_chars`` characters has more
@@ -134,28 +136,74 @@ def longest_token_chars(tokenizer: Any) -> int:
     return max((len(token) for token in tokenizer.get_vocab()), default=1) or 1
 
 
-def _head_deadline_protocol(header_timeout_s: float) -> type:
-    """uvicorn's h11 protocol, plus a deadline for each request's head."""
+#: How long a connection closed with its request body unread keeps reading (and
+#: dropping) what the client still sends, so the client gets to read the answer.
+LINGER_S = 5.0
+
+
+class _LingeringTransport:
+    """A transport whose `close` lingers while the client may still be sending.
+
+    Closing a TCP socket with unread bytes in its receive buffer sends a reset,
+    and a client still writing its (refused) body then loses the 413 it was
+    sent: it sees "connection reset" instead of the reason. So when the request
+    body was not read to its end, `close` sends the answer and a FIN
+    (``write_eof``), keeps reading and dropping input, and closes when the
+    client closes or after `LINGER_S`. Everything else goes to the transport.
+    """
+
+    def __init__(self, transport: Any, protocol: Any) -> None:
+        self._transport = transport
+        self._protocol = protocol
+        self.lingering = False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+    def is_closing(self) -> bool:
+        return self.lingering or self._transport.is_closing()
+
+    def close(self) -> None:
+        import h11
+
+        unread_body = self._protocol.conn.their_state is h11.SEND_BODY
+        closing = self.lingering or self._transport.is_closing()
+        if closing or not unread_body or not self._transport.can_write_eof():
+            self._transport.close()
+            return
+        self.lingering = True
+        self._transport.write_eof()
+        self._transport.resume_reading()
+        self._protocol.loop.call_later(LINGER_S, self._transport.close)
+
+
+def _bounded_protocol(header_timeout_s: float) -> type:
+    """uvicorn's h11 protocol, plus a deadline for each request's head and a lingering close."""
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    class HeadDeadlineH11Protocol(H11Protocol):
-        """Closes the connection when a request head takes over ``header_timeout_s``.
+    class BoundedH11Protocol(H11Protocol):
+        """Closes the connection when a request head takes over ``header_timeout_s``,
+        and lingers on close while a refused body is still arriving (`_LingeringTransport`).
 
-        The clock starts when the connection opens and again when a response
-        ends; it stops when a request head is complete (uvicorn then starts a
-        request cycle). A request in progress is never cut by it: its body has
-        `read_body`'s timeout.
+        The head clock starts when the connection opens and again when a
+        response ends; it stops when a request head is complete (uvicorn then
+        starts a request cycle). A request in progress is never cut by it: its
+        body has `read_body`'s timeout.
         """
 
         _head_timer: asyncio.TimerHandle | None = None
 
         def connection_made(self, transport: Any) -> None:
-            super().connection_made(transport)
+            super().connection_made(_LingeringTransport(transport, self))
             self._arm_head_timer()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._cancel_head_timer()
             super().connection_lost(exc)
+
+        def data_received(self, data: bytes) -> None:
+            if not self.transport.lingering:  # what a refused body still sends is dropped
+                super().data_received(data)
 
         def handle_events(self) -> None:
             cycle = self.cycle
@@ -184,11 +232,12 @@ def _head_deadline_protocol(header_timeout_s: float) -> type:
             if not in_progress and not self.transport.is_closing():
                 self.transport.close()
 
-    return HeadDeadlineH11Protocol
+    return BoundedH11Protocol
 
 
 def uvicorn_config(app: Any, limits: HTTPLimits, **kwargs: Any) -> Any:
-    """A `uvicorn.Config` for ``app`` whose connections obey ``limits.header_timeout_s``."""
+    """A `uvicorn.Config` for ``app`` whose connections obey ``limits.header_timeout_s``
+    and linger on close while a refused body arrives."""
     import uvicorn
 
-    return uvicorn.Config(app, http=_head_deadline_protocol(limits.header_timeout_s), **kwargs)
+    return uvicorn.Config(app, http=_bounded_protocol(limits.header_timeout_s), **kwargs)
