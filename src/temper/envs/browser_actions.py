@@ -71,16 +71,16 @@ def _candidates(text: str) -> list[str]:
 
 
 def _decode(text: str) -> Any:
-    if "{" not in text:
-        raise ActionError(
-            "no_json", 'no JSON object found; reply with e.g. {"action": "click", "ref": 3}'
-        )
     first_error = ""
     for candidate in _candidates(text):
         try:
             return loads(candidate)
         except JSONInputError as exc:
             first_error = first_error or str(exc)
+    if "{" not in text:
+        raise ActionError(
+            "no_json", 'no JSON object found; reply with e.g. {"action": "click", "ref": 3}'
+        )
     raise ActionError("bad_json", f"the action is not valid JSON: {first_error}")
 
 

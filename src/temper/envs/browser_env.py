@@ -29,7 +29,10 @@ unknown key) is ``error: ...`` too (``action_failed``).
 Pages: a page goes back to the pool for the next episode only when the task
 ended and no browser call was interrupted; otherwise (timeout, turn limit,
 browser error) the page is closed and the next lease opens a fresh one. Every
-reset reloads the task page, so no state crosses episodes.
+reset reloads the task page (``reload = "always"``), so no page state crosses
+episodes; ``reload = "task_change"`` instead re-seeds a page that already holds
+the task and whose last episode the task ended itself, as MiniWoB++'s own
+Python env does (``core.startEpisodeReal`` regenerates the instance).
 """
 
 from __future__ import annotations
@@ -76,7 +79,9 @@ OPTIONS: dict[str, Any] = {
     "chromium": None,
     "action_timeout_s": 10.0,
     "instructions": True,
+    "reload": "always",
 }
+RELOADS = ("always", "task_change")
 
 
 class BrowserResources:
@@ -114,13 +119,17 @@ class BrowserEnv:
         reward: str = "unit",
         action_timeout_s: float = 10.0,
         instructions: bool = True,
+        reload: str = "always",
     ) -> None:
         self.resources, self.pool = resources, resources.pool
         self.observation, self.reward = observation, reward
         self.action_timeout_s, self.instructions = action_timeout_s, instructions
+        self.reload = reload
         self.session: PageSession | None = None
-        self.task_done = False
+        self.finished = True  # until reset
+        self.task_ended = False  # the task itself said done: its page is clean to reuse
         self.interrupted = False
+        self.url = ""
         self.centers: dict[int, tuple[float, float]] = {}
 
     @property
@@ -148,8 +157,11 @@ class BrowserEnv:
         instance = task.columns.get("miniwob_seed", seed if seed is not None else 0)
         if self.session is None:
             self.session = await self.pool.lease()
-        self.task_done = False
-        await self._run(start_episode(self.page, self.resources.url(name), instance))
+        session, url = self.session, self.resources.url(name)
+        # session.url is set only while the page is clean: its last episode ended by the task.
+        navigate = self.reload == "always" or session.url != url
+        session.url, self.url, self.finished, self.task_ended = None, url, False, False
+        await self._run(start_episode(self.page, url, instance, navigate))
         return [await self._observe(first=True)]
 
     async def _observe(self, first: bool) -> Message:
@@ -173,7 +185,7 @@ class BrowserEnv:
         }
 
     async def step(self, turn: AssistantTurn) -> StepResult:
-        if self.session is None or self.task_done:
+        if self.session is None or self.finished:
             raise RuntimeError("BrowserEnv.step called before reset or after the episode ended")
         try:
             action = parse_action(turn.text)
@@ -181,14 +193,15 @@ class BrowserEnv:
             metrics = {"invalid_action": 1.0, f"invalid/{exc.kind}": 1.0}
             return self._error(str(exc), {"action_error": exc.kind}, metrics)
         if action.kind == "done":
-            self.task_done = True  # the model ended it; the page is intact
+            self.finished = True  # the model ended it; the task did not
             return StepResult([], None, True, {"success": False, "ended_by": "model"})
         failure = await self._run(self._act(self.page, action, dict(self.centers)))
         if failure:
             return self._error(failure, {"action_error": "failed"}, {"action_failed": 1.0})
         state = await self._run(episode_state(self.page))
         if state["done"]:
-            self.task_done = True
+            self.finished = self.task_ended = True
+            self.session.url = self.url
             raw = float(state["reward"])
             reward = raw if self.reward == "raw" else (raw + 1.0) / 2.0
             info = {"success": raw > 0, "raw_reward": raw, "reason": state["reason"]}
@@ -238,7 +251,7 @@ class BrowserEnv:
     async def close(self) -> None:
         session, self.session = self.session, None
         if session is not None:
-            await self.pool.release(session, keep_page=self.task_done and not self.interrupted)
+            await self.pool.release(session, keep_page=self.task_ended and not self.interrupted)
 
 
 def _options(options: dict[str, Any]) -> dict[str, Any]:
@@ -255,7 +268,7 @@ def _options(options: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(tasks, list) or not tasks or not all(isinstance(t, str) for t in tasks):
         raise ConfigError(f"env.options.tasks must be a list of MiniWoB task names, got {tasks!r}")
     opts["tasks"] = check_tasks(tasks)
-    for key, allowed in (("observation", OBSERVATIONS), ("reward", REWARDS)):
+    for key, allowed in (("observation", OBSERVATIONS), ("reward", REWARDS), ("reload", RELOADS)):
         if opts[key] not in allowed:
             raise ConfigError(
                 f"env.options.{key} must be one of {list(allowed)}, got {opts[key]!r}"
@@ -285,7 +298,10 @@ def spec(options: dict[str, Any], seed: int) -> EnvSpec:
     default 2), ``pages_per_browser`` (default 1), ``eval_size`` (held-out
     instances, default 100), ``chromium`` (executable; default from PATH),
     ``action_timeout_s`` (one browser call, default 10), ``instructions``
-    (the action legend in the first observation, default true). Chromium and
+    (the action legend in the first observation, default true), ``reload``
+    ("always": every reset loads the task page afresh, the default;
+    "task_change": a page whose last episode the task itself ended keeps the
+    task loaded and only re-seeds it, about 5x faster). Chromium and
     the task names are checked here; browsers start with the first episode.
     """
     from temper.data.sampler import ProceduralSampler
@@ -301,6 +317,7 @@ def spec(options: dict[str, Any], seed: int) -> EnvSpec:
             opts["reward"],
             float(opts["action_timeout_s"]),
             opts["instructions"],
+            opts["reload"],
         )
 
     return EnvSpec(

@@ -10,7 +10,7 @@ Playwright do it):
   closes the pipe, the guard's ``read`` returns, and it SIGKILLs the whole
   group: the browser, its zygotes, renderers and GPU process. Playwright's
   own launcher gives no such guarantee when the Python process is killed.
-- Profiles live in ``$TMPDIR/temper-chromium-<owner pid>-*``. `sweep_orphans`
+- Profiles live in ``$TMPDIR/temper-browserpool-<owner pid>-*``. `sweep_orphans`
   (run whenever a pool starts) kills any Chromium still holding a profile of
   a dead owner and deletes those profiles, as a second line of defence.
 
@@ -43,7 +43,7 @@ from temper.errors import ConfigError
 
 T = TypeVar("T")
 
-PROFILE_PREFIX = "temper-chromium-"
+PROFILE_PREFIX = "temper-browserpool-"
 #: The guard: start the browser in the background, wait for the owner's pipe to
 #: close (fd 3 is a copy of stdin), then SIGKILL the whole process group (itself too).
 _GUARD = 'exec 3<&0 </dev/null; "$@" >/dev/null 2>&1 & read _ <&3; kill -KILL 0'
@@ -213,6 +213,8 @@ class PageSession:
     browser: Any  # the pool's _Browser
     page: Any = None
     episodes: int = 0
+    #: What the page shows, for envs that may reuse a loaded page (None: unknown).
+    url: str | None = None
 
 
 class _Browser:
@@ -313,12 +315,12 @@ class BrowserPool:
             self.browsers[self.browsers.index(dead)] = fresh
             for other in self.sessions:  # the dead browser's other pages move too
                 if other.browser is dead:
-                    other.browser, other.page = fresh, None
+                    other.browser, other.page, other.url = fresh, None, None
             self.browsers_restarted += 1
         browser = session.browser
         if browser.context is None:
             browser.context = await browser.connection.new_context()
-        session.page = await browser.context.new_page()
+        session.page, session.url = await browser.context.new_page(), None
         width, height = self.viewport
         await session.page.set_viewport_size({"width": width, "height": height})
 
@@ -337,7 +339,7 @@ class BrowserPool:
     async def _release(self, session: PageSession, keep_page: bool) -> None:
         assert self._free is not None
         if not keep_page and session.page is not None:
-            page, session.page = session.page, None
+            page, session.page, session.url = session.page, None, None
             self.pages_killed += 1
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(page.close(), timeout=5)

@@ -1,0 +1,344 @@
+"""The MiniWoB++ browser env on real headless Chromium and a real local HTTP server.
+
+One browser pool serves the whole module (`env` fixture). Scripted policies
+act through the same JSON actions a model writes (`temper.envs.miniwob_scripted`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from temper.engine.base import SamplingParams
+from temper.envs import AssistantTurn, EpisodeLimits
+from temper.envs.browser_session import PROFILE_PREFIX, chromium_processes, find_chromium
+from temper.envs.miniwob import make_task
+from temper.envs.miniwob_scripted import (
+    ORACLE_TASKS,
+    Oracle,
+    RandomPolicy,
+    oracle_plan,
+    parse_dom_text,
+    play,
+)
+from temper.envs.registry import build_env_spec
+from temper.envs.replay import replay_episode
+from temper.errors import ConfigError
+from temper.models.loader import load_tokenizer
+from temper.rollout.multi_turn import run_episodes
+
+try:
+    from scripted_engine import ScriptedEngine
+except ImportError:
+    from tests.scripted_engine import ScriptedEngine
+
+pytest.importorskip("playwright", reason="the browser env needs playwright")
+pytest.importorskip("miniwob", reason="the browser env needs the miniwob package")
+try:
+    find_chromium()
+except ConfigError:
+    pytest.skip("headless chromium is not installed", allow_module_level=True)
+
+pytestmark = pytest.mark.browser
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def spec():
+    spec = build_env_spec("miniwob", {"pool_size": 2, "eval_size": 10}, 0)
+    yield spec
+    spec.close()
+
+
+def run(coro: Any) -> Any:
+    return asyncio.run(coro)
+
+
+async def _episode(spec, task, policy, max_turns: int = 6) -> tuple[float, bool]:
+    env = spec.make_env(task)
+    try:
+        return await play(env, task, policy, max_turns)
+    finally:
+        await env.close()
+
+
+async def _scores(spec, policy_for, seeds: range, max_turns: int = 6) -> dict[str, float]:
+    out = {}
+    for name in ORACLE_TASKS:
+        tasks = [make_task(name, s) for s in seeds]
+        runs = [_episode(spec, t, policy_for(t), max_turns) for t in tasks]
+        results = await asyncio.gather(*runs)
+        out[name] = sum(success for _, success in results) / len(results)
+    return out
+
+
+@pytest.mark.slow
+def test_oracle_solves_five_tasks_and_random_does_not(spec) -> None:
+    oracle = run(_scores(spec, lambda t: Oracle(), range(100, 120)))
+    rand = run(_scores(spec, lambda t: RandomPolicy(random.Random(t.id)), range(100, 110), 3))
+    print("\nMiniWoB success   oracle (20 seeds)  random (10 seeds, 3 actions)")
+    for name in ORACLE_TASKS:
+        print(f"  {name:18s} {oracle[name]:6.2f}  {rand[name]:6.2f}")
+    assert all(score >= 0.95 for score in oracle.values()), oracle
+    assert all(rand[name] <= oracle[name] for name in ORACLE_TASKS)
+    assert sum(rand.values()) / len(rand) < sum(oracle.values()) / len(oracle) - 0.3
+
+
+def test_oracle_rewards_and_failure_reward(spec) -> None:
+    async def go() -> tuple[Any, Any]:
+        for seed in range(20):  # the first instance with a button of another label
+            task = make_task("click-button", seed)
+            env = spec.make_env(task)
+            try:
+                first = (await env.reset(task))[0]["content"]
+                [good] = oracle_plan("click-button", first)
+                target = first.split('"')[1]
+                wrong = [e for e in parse_dom_text(first) if e.tag == "button" and e.text != target]
+                if not wrong:
+                    continue
+                won = await env.step(AssistantTurn(good, []))
+                await env.reset(task)  # the same instance again
+                bad = json.dumps({"action": "click", "ref": wrong[0].ref})
+                return won, await env.step(AssistantTurn(bad, []))
+            finally:
+                await env.close()
+        raise AssertionError("no click-button instance with two labels in 20 seeds")
+
+    won, lost = run(go())
+    assert won.done and won.reward == 1.0 and won.info["success"] is True
+    assert lost.done and lost.reward == 0.0 and lost.info["raw_reward"] == -1.0
+
+
+def test_same_seed_same_instance_other_seed_other(spec) -> None:
+    async def first(spec, name: str, seed: int, solve: bool = False) -> str:
+        task = make_task(name, seed)
+        env = spec.make_env(task)
+        try:
+            observation = (await env.reset(task))[0]["content"]
+            if solve:  # the task ends itself: the page may be reused
+                for action in oracle_plan(name, observation):
+                    await env.step(AssistantTurn(action, []))
+            return observation
+        finally:
+            await env.close()
+
+    async def go(spec) -> list[str]:
+        cases = [("click-checkboxes", 5), ("click-checkboxes", 5), ("click-checkboxes", 6)]
+        return [await first(spec, name, seed, solve=True) for name, seed in cases]
+
+    a, b, c = run(go(spec))
+    assert a == b and a != c
+    assert a.startswith("Task: Select")
+    # Re-seeding a loaded page (reload = "task_change") gives the fresh page's instance.
+    reuse = build_env_spec("miniwob", {"pool_size": 1, "reload": "task_change"}, 0)
+    try:
+        pool = _pool(reuse)
+        again = run(go(reuse))
+        assert again == [a, b, c] and pool.pages_killed == 0
+    finally:
+        reuse.close()
+
+
+HOSTILE = [
+    ("click the submit button", "no_json"),
+    ('{"action": "click", "ref": ', "bad_json"),
+    ('{"action": ' + "[" * 5000 + "]" * 5000 + "}", "bad_json"),
+    ('{"action": "click", "ref": ' + "9" * 5000 + "}", "bad_json"),
+    ('{"action": "click", "ref": NaN}', "bad_json"),
+    ('{"action": "click", "ref": "\\ud800"}', "bad_json"),
+    ('["click", 3]', "bad_action"),
+    ('{"action": "drag", "ref": 3}', "bad_action"),
+    ('{"ref": 3}', "bad_action"),
+    ('{"action": "click"}', "bad_args"),
+    ('{"action": "click", "ref": true}', "bad_args"),
+    ('{"action": "click_xy", "x": 1e300, "y": 2}', "bad_args"),
+    ('{"action": "type", "text": 5}', "bad_args"),
+    ('{"action": "key", "key": "' + "A" * 100 + '"}', "bad_args"),
+]
+
+
+def test_malformed_actions_are_error_observations(spec) -> None:
+    async def go() -> tuple[list[Any], list[Any], Any]:
+        task = make_task("click-button", 11)
+        env = spec.make_env(task)
+        try:
+            first = (await env.reset(task))[0]["content"]
+            bad = [await env.step(AssistantTurn(text, [])) for text, _ in HOSTILE]
+            failed = [
+                await env.step(AssistantTurn('{"action": "click", "ref": 999}', [])),
+                await env.step(AssistantTurn('{"action": "key", "key": "NoSuchKey"}', [])),
+            ]
+            [good] = oracle_plan("click-button", first)
+            return bad, failed, await env.step(AssistantTurn(f"Sure! ```json\n{good}\n```", []))
+        finally:
+            await env.close()
+
+    bad, failed, good = run(go())
+    for (text, kind), result in zip(HOSTILE, bad, strict=True):
+        assert not result.done and result.reward is None, text[:40]
+        assert result.observation[0]["content"].startswith("error: ")
+        assert "\n" not in result.observation[0]["content"]
+        assert result.metrics == {"invalid_action": 1.0, f"invalid/{kind}": 1.0}, text[:40]
+    assert "no element [999]" in failed[0].observation[0]["content"]
+    assert "NoSuchKey" in failed[1].observation[0]["content"]
+    assert all(r.metrics == {"action_failed": 1.0} for r in failed)
+    assert good.done and good.reward == 1.0  # the episode survived all of it
+
+
+def _pool(spec) -> Any:
+    return spec.make_env(None).pool
+
+
+def test_timeouts_kill_the_page_and_the_pool_goes_on(spec) -> None:
+    tokenizer = load_tokenizer("tiny")
+    pool = _pool(spec)
+    task = make_task("enter-text", 4)
+
+    async def go() -> tuple[Any, bool, bool]:
+        # 1. The rollout's episode timeout fires while the engine "thinks".
+        engine = ScriptedEngine(tokenizer, ['{"action": "done"}'], 4096, delay_s=30)
+        killed = pool.pages_killed
+        [[traj]] = await run_episodes(
+            engine, spec.make_env, [task], tokenizer, SamplingParams(max_new_tokens=32),
+            EpisodeLimits(timeout_s=1.0), 0,
+        )  # fmt: skip
+        after_rollout = pool.pages_killed == killed + 1
+        # 2. A cancellation lands inside a browser call (the page load of reset).
+        env = spec.make_env(task)
+        try:
+            async with asyncio.timeout(0.01):
+                await env.reset(task)
+        except TimeoutError:
+            pass
+        session = env.session
+        await env.close()
+        page_closed = session.page is None and env.interrupted
+        return traj, after_rollout, page_closed
+
+    traj, after_rollout, page_closed = run(go())
+    assert traj.finish_reason == "timeout"
+    assert after_rollout and page_closed
+    # The pool still serves episodes afterwards.
+    score = run(_episode(spec, task, Oracle()))
+    assert score == (1.0, True)
+
+
+def test_rollout_with_a_scripted_model_replays_exactly(spec) -> None:
+    tokenizer = load_tokenizer("tiny")
+    task = spec.heldout[2]  # enter-text
+    assert task.columns["miniwob_task"] == "enter-text"
+
+    async def plan() -> list[str]:
+        env = spec.make_env(task)
+        try:
+            return oracle_plan("enter-text", (await env.reset(task))[0]["content"])
+        finally:
+            await env.close()
+
+    replies = ['{"action": "clik"}', *run(plan())]
+    engine = ScriptedEngine(tokenizer, replies, max_context=4096)
+    [[traj]] = run(
+        run_episodes(
+            engine, spec.make_env, [task], tokenizer, SamplingParams(max_new_tokens=64),
+            EpisodeLimits(max_turns=5), 3,
+        )
+    )  # fmt: skip
+    assert traj.finish_reason == "done" and traj.num_turns == 3
+    assert traj.turn_rewards == [0.0, 0.0, 1.0] and traj.env_info["success"] is True
+    assert traj.env_metrics["invalid/bad_action"] == 1.0
+    record = json.loads(json.dumps(traj.to_json()))
+    report = run(replay_episode(record, spec))
+    assert report.ok and report.turns == 3
+    record["turn_rewards"][-1] = 0.0
+    assert not run(replay_episode(record, spec)).ok
+
+
+def test_bad_options_name_what_is_wrong() -> None:
+    with pytest.raises(ConfigError, match="click-buton"):
+        build_env_spec("miniwob", {"tasks": ["click-buton"]}, 0)
+    with pytest.raises(ConfigError, match="chromium"):
+        build_env_spec("miniwob", {"chromium": "/nonexistent/chromium"}, 0)
+    with pytest.raises(ConfigError, match="observation"):
+        build_env_spec("miniwob", {"observation": "pixels"}, 0)
+    with pytest.raises(ConfigError, match="unknown option"):
+        build_env_spec("miniwob", {"pool": 2}, 0)
+
+
+def test_screenshot_observation_is_a_png_content_part() -> None:
+    spec = build_env_spec("miniwob", {"pool_size": 1, "observation": "dom+screenshot"}, 0)
+    task = make_task("click-link", 8)
+
+    async def go() -> list[Any]:
+        env = spec.make_env(task)
+        try:
+            return [(await env.reset(task))[0]["content"] for _ in range(2)]
+        finally:
+            await env.close()
+
+    try:
+        first, again = run(go())
+    finally:
+        spec.close()
+    text, image = first
+    assert text["type"] == "text" and text["text"].startswith("Task: Click on the link")
+    assert image["type"] == "image" and image["image"].startswith(b"\x89PNG\r\n\x1a\n")
+    assert image["image"] == again[1]["image"]  # same seed, same pixels
+
+
+# ----------------------------------------------------------------------------- no leftovers
+
+_CHILD = """
+import asyncio, os, sys, time
+from temper.envs.registry import build_env_spec
+from temper.envs.miniwob import make_task
+spec = build_env_spec("miniwob", {"pool_size": 2}, 0)
+async def go():
+    env = spec.make_env(None)
+    await env.reset(make_task("click-button", 1))
+    await env.close()
+asyncio.run(go())
+print("ready", flush=True)
+if sys.argv[1] == "close":
+    spec.close()
+    sys.exit(0)
+time.sleep(600)
+"""
+
+
+def _owned_by(pid: int) -> dict[int, str]:
+    return chromium_processes(f"{PROFILE_PREFIX}{pid}-")
+
+
+def _gone(pid: int, timeout_s: float = 20.0) -> dict[int, str]:
+    deadline = time.monotonic() + timeout_s
+    while (left := _owned_by(pid)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+@pytest.mark.parametrize("how", ["close", "sigkill"])
+def test_no_chromium_outlives_its_run(how: str) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    child = subprocess.Popen(
+        [sys.executable, "-c", _CHILD, how], stdout=subprocess.PIPE, env=env, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        assert len(_owned_by(child.pid)) >= 2  # two browsers and their helpers are up
+        if how == "sigkill":
+            child.send_signal(signal.SIGKILL)
+        assert child.wait(timeout=60) == (0 if how == "close" else -signal.SIGKILL)
+        assert _gone(child.pid) == {}
+    finally:
+        if child.poll() is None:
+            child.kill()
