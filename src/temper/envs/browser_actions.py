@@ -14,19 +14,24 @@ One action per turn, a JSON object with an ``"action"`` key:
     {"action": "done"}                             end the episode now
 
 The object may stand alone, sit in a ```json fence, or be surrounded by other
-text (then the span from the first "{" to the last "}" is tried). Decoding
+text (then each complete {...} value in it is tried, the last first). Decoding
 goes through `temper.safe_json.loads`, so hostile text (deep nesting, huge
 integers, NaN, lone surrogates) is one `ActionError`, never a crash.
+With ``boxed_click=True`` (for small text models that know ``\\boxed{}`` from
+math but not JSON) a turn without a JSON object whose last ``\\boxed{...}``
+holds an integer N reads as ``{"action": "click", "ref": N}``.
 `ActionError.kind` is a short metric tag: ``no_json``, ``bad_json``,
 ``bad_action`` (not an object, no or unknown "action") or ``bad_args``.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass
 from typing import Any
 
+from temper.rewards.answers import extract_boxed
 from temper.safe_json import JSONInputError, loads
 
 ACTIONS = ("click", "click_xy", "type", "key", "scroll", "done")
@@ -35,6 +40,8 @@ MAX_TEXT = 500
 MAX_KEY = 40
 #: Largest coordinate or scroll distance accepted, in CSS pixels.
 MAX_PIXELS = 10_000
+#: Most "{" positions tried as the start of the action object.
+MAX_OBJECTS = 50
 _FENCE = re.compile(r"```(?:json)?\s*\n?(.*?)```", re.DOTALL)
 
 
@@ -61,13 +68,21 @@ class Action:
 
 
 def _candidates(text: str) -> list[str]:
-    """Texts that may hold the JSON object, most specific first."""
+    """Texts that may hold the JSON object, most specific first: the whole text, fenced
+    blocks (last first), then each complete {...} value in the text (last first)."""
     out = [text.strip()]
     out += [m.group(1).strip() for m in _FENCE.finditer(text)][::-1]
-    start, end = text.find("{"), text.rfind("}")
-    if 0 <= start < end:
-        out.append(text[start : end + 1])
-    return [c for c in out if c]
+    decoder, spans, covered = json.JSONDecoder(), [], 0
+    for m in list(re.finditer(r"\{", text))[:MAX_OBJECTS]:
+        if m.start() < covered:
+            continue  # inside an object already found: the outer one is the action
+        try:  # only finds where a value ends; safe_json.loads then checks it
+            _, end = decoder.raw_decode(text, m.start())
+        except (ValueError, RecursionError):
+            continue
+        spans.append(text[m.start() : end])
+        covered = end
+    return [c for c in out + spans[::-1] if c]
 
 
 def _decode(text: str) -> Any:
@@ -118,8 +133,12 @@ def _show(value: Any) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def parse_action(text: str) -> Action:
+def parse_action(text: str, boxed_click: bool = False) -> Action:
     """The action in an assistant turn's text; `ActionError` says what is wrong."""
+    if boxed_click and "{" not in text.replace("\\boxed{", ""):
+        boxed = extract_boxed(text)
+        if boxed is not None and boxed.lstrip("-").isdigit() and len(boxed) < 10:
+            return Action("click", ref=int(boxed))
     obj = _decode(text)
     if not isinstance(obj, dict):
         raise ActionError(

@@ -80,6 +80,8 @@ OPTIONS: dict[str, Any] = {
     "action_timeout_s": 10.0,
     "instructions": True,
     "reload": "always",
+    "positions": True,
+    "boxed_click": False,
 }
 RELOADS = ("always", "task_change")
 
@@ -120,11 +122,13 @@ class BrowserEnv:
         action_timeout_s: float = 10.0,
         instructions: bool = True,
         reload: str = "always",
+        positions: bool = True,
+        boxed_click: bool = False,
     ) -> None:
         self.resources, self.pool = resources, resources.pool
         self.observation, self.reward = observation, reward
         self.action_timeout_s, self.instructions = action_timeout_s, instructions
-        self.reload = reload
+        self.reload, self.positions, self.boxed_click = reload, positions, boxed_click
         self.session: PageSession | None = None
         self.finished = True  # until reset
         self.task_ended = False  # the task itself said done: its page is clean to reuse
@@ -167,7 +171,7 @@ class BrowserEnv:
     async def _observe(self, first: bool) -> Message:
         """The page as a user message (text, or text + screenshot parts)."""
         state = await self._run(read_page(self.page))
-        dom, self.centers = render_dom(state["dom"])
+        dom, self.centers = render_dom(state["dom"], self.positions)
         lines = [f"Task: {state['utterance']}"] if first else []
         if self.observation != "screenshot":
             lines.append(dom if first else f"Page:\n{dom}")
@@ -188,7 +192,7 @@ class BrowserEnv:
         if self.session is None or self.finished:
             raise RuntimeError("BrowserEnv.step called before reset or after the episode ended")
         try:
-            action = parse_action(turn.text)
+            action = parse_action(turn.text, self.boxed_click)
         except ActionError as exc:
             metrics = {"invalid_action": 1.0, f"invalid/{exc.kind}": 1.0}
             return self._error(str(exc), {"action_error": exc.kind}, metrics)
@@ -281,10 +285,9 @@ def _options(options: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(
             f"env.options.action_timeout_s must be a number in (0, 600], got {value!r}"
         )
-    if not isinstance(opts["instructions"], bool):
-        raise ConfigError(
-            f"env.options.instructions must be true or false, got {opts['instructions']!r}"
-        )
+    for key in ("instructions", "positions", "boxed_click"):
+        if not isinstance(opts[key], bool):
+            raise ConfigError(f"env.options.{key} must be true or false, got {opts[key]!r}")
     opts["chromium"] = find_chromium(opts["chromium"])
     return opts
 
@@ -301,7 +304,10 @@ def spec(options: dict[str, Any], seed: int) -> EnvSpec:
     (the action legend in the first observation, default true), ``reload``
     ("always": every reset loads the task page afresh, the default;
     "task_change": a page whose last episode the task itself ended keeps the
-    task loaded and only re-seeds it, about 5x faster). Chromium and
+    task loaded and only re-seeds it, about 5x faster), ``positions``
+    (element boxes in the DOM text, default true), ``boxed_click`` (a turn
+    with no JSON but a last ``\\boxed{N}`` clicks [N]; default false; see
+    `browser_actions`). Chromium and
     the task names are checked here; browsers start with the first episode.
     """
     from temper.data.sampler import ProceduralSampler
@@ -318,6 +324,8 @@ def spec(options: dict[str, Any], seed: int) -> EnvSpec:
             float(opts["action_timeout_s"]),
             opts["instructions"],
             opts["reload"],
+            opts["positions"],
+            opts["boxed_click"],
         )
 
     return EnvSpec(

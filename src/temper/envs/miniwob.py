@@ -222,7 +222,7 @@ async def element_center(page: Any, ref: int) -> tuple[float, float] | None:
 # ----------------------------------------------------------------------------- DOM text
 
 
-def _label(node: dict[str, Any]) -> str:
+def _label(node: dict[str, Any], positions: bool = True) -> str:
     """One element as text: [ref] tag#id "text" value=... (x,y wxh)."""
     tag = str(node.get("tag", "")).lower()
     parts = [f"[{node['ref']}]", "" if tag == "t" else tag]
@@ -238,8 +238,9 @@ def _label(node: dict[str, Any]) -> str:
             parts.append(f"value={repr_text(str(value))}")
     if node.get("focused"):
         parts.append("focused")
-    x, y, w, h = (round(float(node.get(k, 0))) for k in ("left", "top", "width", "height"))
-    parts.append(f"({x},{y} {w}x{h})")
+    if positions:
+        x, y, w, h = (round(float(node.get(k, 0))) for k in ("left", "top", "width", "height"))
+        parts.append(f"({x},{y} {w}x{h})")
     return " ".join(p for p in parts if p)
 
 
@@ -251,7 +252,9 @@ def repr_text(text: str, limit: int = 60) -> str:
     return '"' + text.replace('"', "'") + '"'
 
 
-def render_dom(root: dict[str, Any]) -> tuple[str, dict[int, tuple[float, float]]]:
+def render_dom(
+    root: dict[str, Any], positions: bool = True
+) -> tuple[str, dict[int, tuple[float, float]]]:
     """Compact text of a getDOMInfo tree and the centre of every listed element.
 
     One line per element worth reading or acting on: elements with text or a
@@ -259,6 +262,8 @@ def render_dom(root: dict[str, Any]) -> tuple[str, dict[int, tuple[float, float]
     are skipped and their children not indented further, so a deep tree of
     layout divs costs no tokens. Text fragments (tag ``t``, negative refs in
     MiniWoB) are listed with their ref too: `click` on them clicks their centre.
+    `positions=False` leaves out the ``(x,y wxh)`` boxes (a third of the
+    tokens) for models that act by ref only.
     """
     lines: list[str] = []
     centers: dict[int, tuple[float, float]] = {}
@@ -273,7 +278,7 @@ def render_dom(root: dict[str, Any]) -> tuple[str, dict[int, tuple[float, float]
             or (not children and tag not in ("body", "div", "span", "br"))
         )
         if shown and tag != "body":
-            lines.append("  " * depth + _label(node))
+            lines.append("  " * depth + _label(node, positions))
             ref = int(node.get("ref", 0))
             left, top = float(node.get("left", 0)), float(node.get("top", 0))
             width, height = float(node.get("width", 0)), float(node.get("height", 0))
