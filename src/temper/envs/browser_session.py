@@ -179,15 +179,16 @@ class ChromiumProcess:
                         out.append(int(entry.name))
         return out
 
-    def memory_bytes(self) -> int:
-        """Proportional set size (PSS) of the group: shared pages split between processes,
-        so browsers side by side add up to their real footprint (RSS where PSS is unreadable)."""
+    def memory_bytes(self, kind: str = "Pss") -> int:
+        """Memory of the whole group: ``"Pss"`` (proportional set size: shared pages split
+        between the processes that map them, so browsers side by side add up to their
+        real footprint) or ``"Rss"`` (resident pages of each process, shared ones counted
+        in every process that maps them)."""
         total = 0
         for pid in self.pids():
-            with contextlib.suppress(OSError, ValueError):
+            with contextlib.suppress(OSError, ValueError, StopIteration):
                 text = Path(f"/proc/{pid}/smaps_rollup").read_text()
-                key = "Pss:" if "Pss:" in text else "Rss:"
-                line = next(x for x in text.splitlines() if x.startswith(key))
+                line = next(x for x in text.splitlines() if x.startswith(f"{kind}:"))
                 total += int(line.split()[1]) * 1024
         return total
 
@@ -365,9 +366,9 @@ class BrowserPool:
         """Give a session back; `keep_page=False` kills its page (a new one opens on next lease)."""
         await self.call(self._release(session, keep_page))
 
-    def memory_bytes(self) -> list[int]:
-        """Memory (PSS) of each running browser, in bytes."""
-        return [b.process.memory_bytes() for b in list(self.browsers)]
+    def memory_bytes(self, kind: str = "Pss") -> list[int]:
+        """Memory of each running browser in bytes (`ChromiumProcess.memory_bytes`)."""
+        return [b.process.memory_bytes(kind) for b in list(self.browsers)]
 
     def close(self) -> None:
         """Close every browser (its whole process group) and stop the browser thread."""
