@@ -146,7 +146,7 @@ class EnvConfig(_Section):
         "none",
         min_length=1,
         description='"none": single-turn prompts from `data`, scored by `reward`. Otherwise a '
-        "multi-turn env: a built-in (tool_use, code, guess_number, wordle, gym) or "
+        "multi-turn env: a built-in (tool_use, code, guess_number, wordle, gym, miniwob) or "
         '"module:function" / "file.py:function" returning a temper.envs.registry.EnvSpec.',
     )
     options: dict[str, Any] = Field(
