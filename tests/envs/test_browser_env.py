@@ -319,11 +319,38 @@ def _owned_by(pid: int) -> dict[int, str]:
     return chromium_processes(f"{PROFILE_PREFIX}{pid}-")
 
 
-def _gone(pid: int, timeout_s: float = 20.0) -> dict[int, str]:
+def _drivers_of(pid: int) -> set[int]:
+    """Playwright driver (node) processes whose parent is `pid`."""
+    out = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid and b"playwright" in cmdline:
+                out.add(int(entry.name))
+    return out
+
+
+def _alive(pids: set[int]) -> set[int]:
+    """The pids that still run (neither gone nor a zombie)."""
+    return {p for p in pids if _state(p) not in ("gone", "Z")}
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
+
+
+def _gone(pid: int, drivers: set[int], timeout_s: float = 20.0) -> tuple[dict[int, str], set[int]]:
     deadline = time.monotonic() + timeout_s
-    while (left := _owned_by(pid)) and time.monotonic() < deadline:
+    while (_owned_by(pid) or _alive(drivers)) and time.monotonic() < deadline:
         time.sleep(0.1)
-    return left
+    return _owned_by(pid), _alive(drivers)
 
 
 @pytest.mark.parametrize("how", ["close", "sigkill"])
@@ -335,10 +362,12 @@ def test_no_chromium_outlives_its_run(how: str) -> None:
     try:
         assert child.stdout is not None and child.stdout.readline().strip() == "ready"
         assert len(_owned_by(child.pid)) >= 2  # two browsers and their helpers are up
+        drivers = _drivers_of(child.pid)
+        assert len(drivers) == 1  # Playwright's node driver
         if how == "sigkill":
             child.send_signal(signal.SIGKILL)
         assert child.wait(timeout=60) == (0 if how == "close" else -signal.SIGKILL)
-        assert _gone(child.pid) == {}
+        assert _gone(child.pid, drivers) == ({}, set())
     finally:
         if child.poll() is None:
             child.kill()
