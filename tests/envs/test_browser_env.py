@@ -319,6 +319,13 @@ def _owned_by(pid: int) -> dict[int, str]:
     return chromium_processes(f"{PROFILE_PREFIX}{pid}-")
 
 
+def _profiles(pid: int) -> set[str]:
+    """Profile folders of the live Chromium processes that `pid` owns."""
+    return {
+        arg for cmd in _owned_by(pid).values() for arg in cmd.split() if "--user-data-dir=" in arg
+    }
+
+
 def _drivers_of(pid: int) -> set[int]:
     """Playwright driver (node) processes whose parent is `pid`."""
     out = set()
@@ -413,3 +420,30 @@ def test_cli_bad_env_config_is_one_line_exit_2(tmp_path, capsys, override: str, 
     assert code == 2 and len(err) == 1
     assert err[0].startswith("temper: error: env.options.") and named in err[0]
     assert list(tmp_path.iterdir()) == []  # nothing was started or written
+
+
+@pytest.mark.slow
+def test_train_preset_runs_a_step_and_leaves_no_browser(tmp_path) -> None:
+    from temper.cli.main import main
+
+    small = [
+        "--orchestrator.steps=1",
+        "--orchestrator.prompts_per_step=2",
+        "--orchestrator.group_size=2",
+        "--env.options.eval_size=2",
+        "--env.max_concurrency=4",
+        "--env.options.pages_per_browser=2",
+    ]
+    args = ["train", str(ROOT / "configs/miniwob_grpo.toml"), *small]
+    before = _profiles(os.getpid())  # the module's shared pool, if it is up
+    assert main([*args, f"--run.output_dir={tmp_path}"]) == 0
+    run_dir = tmp_path / "miniwob_grpo"
+    steps = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert len(steps) == 1
+    trajs = [
+        json.loads(x) for x in (run_dir / "trajectories/step_000001.jsonl").read_text().splitlines()
+    ]
+    assert len(trajs) == 4
+    assert all(t["task_id"].split("/")[0] in ("click-button", "focus-text") for t in trajs)
+    assert all(t["messages"][0]["content"].startswith("Task: ") for t in trajs)
+    assert _profiles(os.getpid()) == before  # the run closed its browsers
