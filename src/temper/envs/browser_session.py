@@ -359,8 +359,23 @@ class BrowserPool:
 
     # -------------------------------------------------------------- public
     async def lease(self) -> PageSession:
-        """A free page session (waits while all are leased); opens its page if it has none."""
-        return await self.call(self._lease())
+        """A free page session (waits while all are leased); opens its page if it has none.
+
+        If the caller is cancelled just as the browser thread completes the lease,
+        the session goes back to the pool (its page killed) instead of being lost.
+        """
+        loop = self._ensure_thread()
+        future = asyncio.run_coroutine_threadsafe(self._lease(), loop)
+        try:
+            return await asyncio.wrap_future(future)
+        except asyncio.CancelledError:
+            future.add_done_callback(self._return_orphan)
+            raise
+
+    def _return_orphan(self, future: Any) -> None:
+        if future.cancelled() or future.exception() is not None or self._loop is None:
+            return
+        asyncio.run_coroutine_threadsafe(self._release(future.result(), False), self._loop)
 
     async def release(self, session: PageSession, keep_page: bool) -> None:
         """Give a session back; `keep_page=False` kills its page (a new one opens on next lease)."""
