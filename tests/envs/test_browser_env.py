@@ -381,15 +381,20 @@ def test_no_chromium_outlives_its_run(how: str) -> None:
 
 
 @pytest.mark.parametrize(
-    ("reply", "accuracy"), [('{"action": "click", "ref": 4}', 1.0), ("no", 0.0)]
+    ("reply", "context", "accuracy"),
+    [
+        ('{"action": "click", "ref": 4}', 4096, 1.0),
+        ("no", 4096, 0.0),
+        ('{"action": "click", "ref": 4}', 100, 0.0),  # the page does not fit: counted wrong
+    ],
 )
-def test_eval_suite_scores_held_out_instances(reply: str, accuracy: float) -> None:
+def test_eval_suite_scores_held_out_instances(reply: str, context: int, accuracy: float) -> None:
     from temper.config import config_from_dict
     from temper.eval.harness import evaluate
     from temper.eval.suites import build_suite, check_suite
 
     tokenizer = load_tokenizer("tiny")
-    engine = ScriptedEngine(tokenizer, [reply], max_context=4096)
+    engine = ScriptedEngine(tokenizer, [reply], max_context=context)
     options = {"tasks": ["focus-text"], "eval_size": 3, "pool_size": 1}
     cfg = config_from_dict(
         {"env": {"type": "miniwob", "options": options, "limits": {"max_turns": 2}}}
@@ -402,6 +407,7 @@ def test_eval_suite_scores_held_out_instances(reply: str, accuracy: float) -> No
         if suite.close is not None:
             suite.close()
     assert result["accuracy"] == accuracy
+    assert len(suite.source.too_long) == (3 if context < 200 else 0)
 
 
 @pytest.mark.parametrize(

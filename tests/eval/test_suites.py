@@ -34,7 +34,7 @@ def _error_line(capsys, argv: list[str]) -> str:
 def test_unknown_suite_and_missing_data_are_one_line_errors(capsys, tmp_path):
     err = _error_line(capsys, ["eval", "--suite", "mmlu"])
     assert err == (
-        "temper: error: unknown eval suite 'mmlu'; choose one of builtin, gsm8k, humaneval, bfcl"
+        "temper: error: unknown eval suite 'mmlu'; choose one of builtin, gsm8k, humaneval, bfcl, miniwob"
     )
     missing = tmp_path / "nope.jsonl"
     err = _error_line(capsys, ["eval", "--suite", "gsm8k", "--suite-path", str(missing)])

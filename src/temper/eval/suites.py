@@ -10,7 +10,8 @@
   (`temper.eval.bfcl`, `temper.rewards.tool_call_ast`).
 - ``miniwob``: held-out MiniWoB++ instances in headless Chromium (the
   ``miniwob`` env; the config's env options when ``env.type = "miniwob"``,
-  else its defaults), scored by each task's own JavaScript reward.
+  else its defaults), scored by each task's own JavaScript reward; a task
+  whose first page does not fit the context counts as wrong.
 
 `check_suite` does the cheap availability checks (a missing file, an
 unknown name) before any model is loaded; `build_suite` makes the rollout
@@ -21,6 +22,7 @@ is not flattered by dropping its hardest prompts.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,7 +31,7 @@ from typing import Any
 from temper.config import Config
 from temper.data.base import Task
 from temper.engine.base import SamplingParams
-from temper.errors import ConfigError, DataError
+from temper.errors import ConfigError, DataError, PromptTooLongError
 from temper.rollout.sources import RolloutSource
 from temper.rollout.trajectory import Trajectory
 
@@ -152,6 +154,45 @@ class ContextFitRollouts:
         return out, {**stats, "prompt_too_long": float(len(tasks) - len(fits))}
 
 
+class EpisodeFitRollouts(ContextFitRollouts):
+    """`ContextFitRollouts` for envs whose first observation exists only after reset.
+
+    Each task runs as its own group, all concurrently; a task whose first
+    observation leaves no room to generate (`PromptTooLongError`) counts as
+    wrong instead of stopping the eval. Task i's episodes use seed `seed + i`.
+    """
+
+    def __init__(self, inner: RolloutSource, max_context: int) -> None:
+        super().__init__(inner, lambda task: 0, max_context)
+
+    async def groups(
+        self, tasks: list[Task], params: SamplingParams, seed: int | None = None
+    ) -> tuple[list[list[Trajectory]], dict[str, float]]:
+        async def one(i: int, task: Task) -> tuple[list[Trajectory], dict[str, float]]:
+            try:
+                [group], stats = await self.inner.groups(
+                    [task], params, None if seed is None else seed + i
+                )
+            except PromptTooLongError as exc:
+                self.too_long.add(task.id)
+                failed = self._failed(task, i, params.n, 0)
+                for t in failed:
+                    t.env_info["reason"] = str(exc)
+                return failed, {}
+            for t in group:
+                t.group_id = i
+            return group, stats
+
+        results = await asyncio.gather(*(one(i, t) for i, t in enumerate(tasks)))
+        stats: dict[str, float] = {
+            "prompt_too_long": float(len(self.too_long & {t.id for t in tasks}))
+        }
+        for _, part in results:
+            for key, value in part.items():
+                stats[key] = stats.get(key, 0.0) + value
+        return [group for group, _ in results], stats
+
+
 def _episode_measure(tokenizer: Any) -> Callable[[Task], int]:
     from temper.models.chat_template import IncrementalRenderer
 
@@ -238,7 +279,9 @@ def _miniwob(cfg: Config, engine: Any, tokenizer: Any) -> SuiteRollouts:
         update={"type": "miniwob", "options": options, "add_reward": False}
     )
     r = build_rollouts(suite_cfg, engine, tokenizer)
-    return SuiteRollouts(r.source, list(r.heldout), r.close)
+    limits = suite_cfg.env.limits
+    room = min(limits.max_total_tokens or engine.max_context, engine.max_context)
+    return SuiteRollouts(EpisodeFitRollouts(r.source, room), list(r.heldout), r.close)
 
 
 def _bfcl(cfg: Config, plan: SuitePlan, engine: Any, tokenizer: Any) -> SuiteRollouts:
