@@ -1,6 +1,6 @@
 """The MiniWoB++ browser env on real headless Chromium and a real local HTTP server.
 
-One browser pool serves the whole module (`env` fixture). Scripted policies
+One browser pool (two browsers) serves most of the module (the `spec` fixture). Scripted policies
 act through the same JSON actions a model writes (`temper.envs.miniwob_scripted`).
 """
 
