@@ -124,6 +124,12 @@ class DataConfig(_Section):
     )
     prompt_field: str = Field("prompt", description="Column holding the prompt.")
     answer_field: str = Field("answer", description="Column holding the reference answer.")
+    image_field: str = Field(
+        "images",
+        description="Column holding a row's images (one image or a list: bytes, path, data URL, "
+        "or an HF datasets Image), shown in the prompt: at each '<image>' in its text, else "
+        "before it. Rows without the column are text-only.",
+    )
     id_field: str | None = Field(None, description="Column holding a stable row id.")
     category_field: str | None = Field(None, description="Column used for per-category metrics.")
     answer_extractor: Literal["gsm8k"] | None = Field(
@@ -372,6 +378,11 @@ class TrainerConfig(_Section):
     )
     ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
     mini_batches: int = Field(1, ge=1, description="Optimizer steps per pass.")
+    freeze_vision_tower: bool = Field(
+        True,
+        description="Vision-language models: keep the vision encoder's weights fixed (the "
+        "projector and language model train). False trains the encoder too.",
+    )
     world_size: int = Field(
         1,
         ge=1,

@@ -5,12 +5,15 @@ chat model shipped in `temper/models/tiny/`) or `tiny-rm` / `builtin:tiny-rm`
 (the built-in tiny reward model in `temper/models/tiny_rm/`, a one-label
 sequence classifier for `temper serve-rm`), or a directory holding a Hugging
 Face model (`config.json`, weights, tokenizer files). Anything else raises
-`ModelLoadError` with a one-line message naming the path.
+`ModelLoadError` with a one-line message naming the path. A directory whose
+config has a ``vision_config`` loads as a vision-language model
+(`AutoModelForImageTextToText`, e.g. LLaVA).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
@@ -64,9 +67,25 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrain
     directory = resolve_model_path(path)
     try:
         # Loaded on the compute thread, where its ops will run (see `temper.compute`).
-        model = compute.run(AutoModelForCausalLM.from_pretrained, directory, dtype=dtype)
+        model = compute.run(_model_class(directory).from_pretrained, directory, dtype=dtype)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(
             f"cannot load a causal LM from {str(path)!r}: {_first_line(exc)}"
         ) from exc
     return model.eval()
+
+
+def _model_class(directory: Path) -> Any:
+    """`AutoModelForImageTextToText` for a vision-language model (its config has a
+    ``vision_config``), else `AutoModelForCausalLM`."""
+    import json
+
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (OSError, ValueError):
+        return AutoModelForCausalLM  # its own error names the problem
+    if "vision_config" in config:
+        from transformers import AutoModelForImageTextToText
+
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM

@@ -23,24 +23,35 @@ class PromptRenderer:
 
     With ``vision`` (a vision-language model's `VisionProcessor`), prompts may
     hold images: each placeholder the template writes is expanded into the
-    image's token run, and `render_images` returns the images in order. A task
-    with images for a text-only model is refused with a `DataError`.
+    image's token run, and `render_images` returns the images in order (and
+    puts them in ``store``, the run's `ImageStore`, when given). A task with
+    images for a text-only model is refused with a `DataError`.
     """
 
     def __init__(
-        self, tokenizer: Any, system_prompt: str | None = None, vision: Any | None = None
+        self,
+        tokenizer: Any,
+        system_prompt: str | None = None,
+        vision: Any | None = None,
+        store: Any | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt
         self.vision = vision
+        #: Where the images of rendered prompts are kept (an `ImageStore`), if anywhere.
+        self.store = store
 
     def render(self, task: Task) -> tuple[list[int], str]:
-        ids, text, _ = self.render_images(task)
+        """Ids and text of the task's prompt (images are not stored: a look only)."""
+        ids, text, _ = self.render_images(task, keep=False)
         return ids, text
 
-    def render_images(self, task: Task) -> tuple[list[int], str, list[tuple[int, Image]]]:
+    def render_images(
+        self, task: Task, keep: bool = True
+    ) -> tuple[list[int], str, list[tuple[int, Image]]]:
         """Ids, text and images of the task's prompt: ``(offset, image)`` pairs, the
-        offset where the image's token run starts (empty for text)."""
+        offset where the image's token run starts (empty for text). ``keep`` puts
+        the images in the store (a prompt that will be trained on)."""
         messages = task.messages()
         if self.system_prompt and not any(m.get("role") == "system" for m in messages):
             messages = [{"role": "system", "content": self.system_prompt}, *messages]
@@ -60,6 +71,9 @@ class PromptRenderer:
         if not images:
             return ids, text, []
         ids, starts = self.vision.expand(ids, images)
+        if keep and self.store is not None:
+            for image in images:
+                self.store.put(image)
         return ids, text, list(zip(starts, images, strict=True))
 
 
@@ -86,6 +100,8 @@ async def rollout_group(
     group_id: int,
     images: list[tuple[int, Image]] | None = None,
 ) -> list[Trajectory]:
+    if images and not engine.abilities.images:
+        raise DataError(f"task {task.id} has images, but this engine takes none")
     if images:
         result = await engine.generate(prompt_ids, params, images=[im for _, im in images])
     else:  # engines without image support need not take the argument

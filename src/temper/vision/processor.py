@@ -19,6 +19,7 @@ splices, so any HF VLM whose processor follows that contract works.
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
@@ -136,3 +137,10 @@ def pixel_source(vision: VisionProcessor, store: Any) -> Any:
         return vision.pixel_inputs([store.get(h) for h in hashes])
 
     return pixels
+
+
+@functools.cache
+def vision_for(model_dir: str) -> VisionProcessor | None:
+    """The one `VisionProcessor` of the model in ``model_dir`` in this process (None for a
+    text model): the engine, the prompt renderer and the trainer share its caches."""
+    return VisionProcessor.from_pretrained(model_dir)
