@@ -88,3 +88,24 @@ def test_store_keeps_each_image_once_and_reads_it_back(tmp_path):
     assert fresh.get(a.sha256).png == a.png
     with pytest.raises(ImageError, match="not in the image store"):
         fresh.get("0" * 64)
+
+
+def test_dataset_image_columns_become_content_parts(tmp_path):
+    from temper.data.datasets import load_tasks
+    from temper.errors import DataError
+
+    png_a, png_b = _png(picture(10)), _png(picture(11))
+    rows = [
+        {"prompt": "Compare <image> with <image>: same?", "answer": "no", "images": [png_a, png_b]},
+        {"prompt": "How many?", "answer": "2", "images": png_a},  # one image, no marker
+        {"prompt": "Plain text", "answer": "1"},  # no image column: text-only
+    ]
+    first, second, third = load_tasks(rows)
+    parts = first.prompt[0]["content"]
+    assert [p["type"] for p in parts] == ["text", "image", "text", "image", "text"]
+    assert [p["text"] for p in parts if p["type"] == "text"] == ["Compare ", " with ", ": same?"]
+    assert parts[1]["image"] is png_a and parts[3]["image"] is png_b
+    assert [p["type"] for p in second.prompt[0]["content"]] == ["image", "text"]
+    assert third.prompt == "Plain text" and "images" not in first.columns
+    with pytest.raises(DataError, match=r"dataset row 0: the prompt has 2 <image> markers but"):
+        load_tasks([{"prompt": "<image> and <image>", "answer": "x", "images": [png_a]}])
