@@ -117,7 +117,9 @@ def test_images_for_a_text_model_or_without_a_pixel_source_are_refused(vlm):
     from temper.models import resolve_model_path
 
     renderer = PromptRenderer(load_tokenizer(resolve_model_path("tiny")))
-    with pytest.raises(DataError, match="task t0 has images, but the model is text-only"):
+    with pytest.raises(
+        DataError, match="task t0: the messages show images, but the model is text-only"
+    ):
         renderer.render_images(_task(0, 1))
     trajs = [g[0] for g in _rollouts(vlm, [_task(0, 1)], n=1)]
     with pytest.raises(ValueError, match="needs a pixel source"):

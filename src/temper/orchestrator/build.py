@@ -20,6 +20,7 @@ from temper.rewards.base import Reward
 from temper.rollout.single_turn import PromptRenderer
 from temper.rollout.sources import EpisodeRollouts, SingleTurnRollouts
 from temper.vision.processor import VisionProcessor, vision_for
+from temper.vision.prompting import PromptImages
 from temper.vision.store import ImageStore
 
 
@@ -220,7 +221,9 @@ def build_rollouts(
             SingleTurnRollouts(engine, renderer, reward), train, heldout, reward, renderer
         )
     reward = build_reward(cfg.reward) if cfg.env.add_reward else None
+    vision = build_vision(cfg)
+    images = PromptImages(vision, image_store) if vision is not None else None
     source = EpisodeRollouts(
-        engine, spec, tokenizer, cfg.env.limits, reward, cfg.env.max_concurrency
+        engine, spec, tokenizer, cfg.env.limits, reward, cfg.env.max_concurrency, images
     )
     return Rollouts(source, train, heldout, reward, None, spec)

@@ -15,7 +15,8 @@ from temper.data.base import Task
 from temper.engine.base import Engine, SamplingParams
 from temper.errors import DataError, PromptTooLongError
 from temper.rollout.trajectory import Trajectory
-from temper.vision.images import Image, ImageError, has_images, message_images, normalize_messages
+from temper.vision.images import Image, ImageError
+from temper.vision.prompting import PromptImages
 
 
 class PromptRenderer:
@@ -38,8 +39,8 @@ class PromptRenderer:
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt
         self.vision = vision
-        #: Where the images of rendered prompts are kept (an `ImageStore`), if anywhere.
-        self.store = store
+        #: How images are normalised, spliced and kept (the store: the run's, if any).
+        self.images = PromptImages(vision, store)
 
     def render(self, task: Task) -> tuple[list[int], str]:
         """Ids and text of the task's prompt (images are not stored: a look only)."""
@@ -55,26 +56,17 @@ class PromptRenderer:
         messages = task.messages()
         if self.system_prompt and not any(m.get("role") == "system" for m in messages):
             messages = [{"role": "system", "content": self.system_prompt}, *messages]
-        images: list[Image] = []
-        if has_images(messages):
-            if self.vision is None:
-                raise DataError(f"task {task.id} has images, but the model is text-only")
-            try:
-                messages = normalize_messages(messages)
-            except ImageError as exc:
-                raise DataError(f"task {task.id}: {exc}") from None
-            images = message_images(messages)
+        try:
+            messages = self.images.normalize(messages)
+        except ImageError as exc:
+            raise DataError(f"task {task.id}: {exc}") from None
         text = self.tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=False
         )
         ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-        if not images:
-            return ids, text, []
-        ids, starts = self.vision.expand(ids, images)
-        if keep and self.store is not None:
-            for image in images:
-                self.store.put(image)
-        return ids, text, list(zip(starts, images, strict=True))
+        placed: list[tuple[int, Image]] = []
+        ids = self.images.splice(ids, messages, 0, placed, keep)
+        return ids, text, placed
 
 
 def check_prompt_fits(task: Task, prompt_ids: list[int], max_context: int) -> None:
@@ -100,12 +92,7 @@ async def rollout_group(
     group_id: int,
     images: list[tuple[int, Image]] | None = None,
 ) -> list[Trajectory]:
-    if images and not engine.abilities.images:
-        raise DataError(f"task {task.id} has images, but this engine takes none")
-    if images:
-        result = await engine.generate(prompt_ids, params, images=[im for _, im in images])
-    else:  # engines without image support need not take the argument
-        result = await engine.generate(prompt_ids, params)
+    result = await PromptImages().generate(engine, prompt_ids, params, images or [])
     trajs = []
     for sample in result.samples:
         n = len(sample.token_ids)

@@ -206,3 +206,21 @@ def message_images(messages: list[dict[str, Any]]) -> list[Image]:
         for p in m["content"]
         if p.get("type") == "image"
     ]
+
+
+def loggable(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Normalised messages with each image part as ``{"type": "image", "sha256": ...}``:
+    what trajectories and logs keep (the pixels are in the run's image store)."""
+    out = []
+    for m in messages:
+        content = m.get("content")
+        if isinstance(content, list):
+            parts = [
+                {"type": "image", "sha256": p["image"].sha256}
+                if p.get("type") == "image" and isinstance(p.get("image"), Image)
+                else p
+                for p in content
+            ]
+            m = {**m, "content": parts}
+        out.append(m)
+    return out
