@@ -5,6 +5,7 @@ and the trainer's forward over the stored trajectory gives the engine's logprobs
 from __future__ import annotations
 
 import asyncio
+from typing import ClassVar
 
 import pytest
 import torch
@@ -26,7 +27,7 @@ from tiny_llava import picture
 class PictureEnv:
     """Shows picture ``seed + turn`` each turn (turn 2 repeats turn 0's picture)."""
 
-    tools: list = []
+    tools: ClassVar[list] = []
 
     def __init__(self, broken_turn: int | None = None) -> None:
         self.turn, self.seed, self.broken_turn = 0, 0, broken_turn
