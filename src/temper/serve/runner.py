@@ -135,6 +135,7 @@ def start_server(
     model_name: str = "temper",
     close_engine: bool = False,
     limits: HTTPLimits | None = None,
+    vision: Any | None = None,
 ) -> ServerHandle:
     """Serve ``engine`` on ``host:port`` (0 = a free port) from a background thread.
 
@@ -143,7 +144,9 @@ def start_server(
     stops, otherwise the caller keeps it (and may use it again after `stop()`).
     ``limits``: body size and read timeouts (`temper.serve.limits.HTTPLimits`).
     """
-    app = create_app(engine, tokenizer, model_name, close_engine=close_engine, limits=limits)
+    app = create_app(
+        engine, tokenizer, model_name, close_engine=close_engine, limits=limits, vision=vision
+    )
     return serve_app_in_thread(app, host, port, limits=limits)
 
 
@@ -164,19 +167,20 @@ def run_server(
 
     from temper.config import config_from_dict
     from temper.models import load_tokenizer, resolve_model_path
-    from temper.orchestrator.build import build_engine
+    from temper.orchestrator.build import build_engine, build_vision
 
     sock = _bind(host, port)
     try:
         cfg = config_from_dict({"model": {"path": model}, "engine": {"type": engine_type}})
         tokenizer = load_tokenizer(model)
         engine = build_engine(cfg, str(resolve_model_path(model)), tokenizer)
+        vision = build_vision(cfg)
     except BaseException:
         sock.close()
         raise
     name = model_name or model
     limits = limits or HTTPLimits()
-    app = create_app(engine, tokenizer, name, close_engine=True, limits=limits)
+    app = create_app(engine, tokenizer, name, close_engine=True, limits=limits, vision=vision)
     bound = sock.getsockname()[1]
     print(f"temper serve: {name} ({engine_type} engine) at http://{host}:{bound}/v1", flush=True)
     config = uvicorn_config(app, limits, log_level="info", timeout_graceful_shutdown=5)
