@@ -57,6 +57,7 @@ from temper.engine.base import (
 )
 from temper.engine.requests import StopChecker, validate_prompt
 from temper.errors import ConfigError, TemperError
+from temper.vision.images import Image
 from temper.weights.transport import WeightTransport
 
 #: Most vLLM steps per hand-off to the compute thread.
@@ -83,6 +84,8 @@ class _Pending:
     done_logprobs: list[list[float]] = field(default_factory=list)
     done_versions: list[list[int]] = field(default_factory=list)
     done_top: list[list[dict[int, float]]] = field(default_factory=list)
+    # The prompt's images (PIL), in order; their token runs are already in `prompt`.
+    images: list[Any] = field(default_factory=list)
 
 
 class VLLMEngine(EngineDefaults):
@@ -139,8 +142,14 @@ class VLLMEngine(EngineDefaults):
         self.vocab_size = int(model_config.get_vocab_size())
         self.eos_token_ids = _eos_ids(model_config.hf_config, tokenizer)
         self.version: int = 0
+        # A vision-language model takes images; its prompts carry them pre-expanded.
+        takes_images = getattr(model_config.hf_config, "vision_config", None) is not None
         self.abilities = EngineAbilities(
-            weight_updates=True, release_memory=False, sleep=enable_sleep, metrics=False
+            weight_updates=True,
+            release_memory=False,
+            sleep=enable_sleep,
+            metrics=False,
+            images=takes_images,
         )
         self._stop = StopChecker(tokenizer, self.max_context)
         self._ids = itertools.count()
@@ -157,11 +166,16 @@ class VLLMEngine(EngineDefaults):
 
     # ------------------------------------------------------------ generate
     async def generate(
-        self, prompt_token_ids: Seq[int], params: SamplingParams
+        self, prompt_token_ids: Seq[int], params: SamplingParams, images: Seq[Image] = ()
     ) -> GenerationResult:
-        """``params.n`` samples continuing ``prompt_token_ids`` (one vLLM request)."""
+        """``params.n`` samples continuing ``prompt_token_ids`` (one vLLM request).
+
+        ``images`` (a VLM) go to vLLM as ``multi_modal_data``; the ids already hold
+        their expanded placeholder runs, which vLLM recognises and keeps."""
         if self._closed:
             raise RuntimeError("VLLMEngine is closed")
+        if images and not self.abilities.images:
+            raise TemperError("this vLLM model takes no images (it has no vision config)")
         prompt = validate_prompt(prompt_token_ids, self.max_context, self.vocab_size)
         if params.stop_strings and self.tokenizer is None:
             raise TemperError("stop_strings need a tokenizer; pass one to VLLMEngine")
@@ -169,6 +183,7 @@ class VLLMEngine(EngineDefaults):
             raise TemperError("VLLMEngine does not run Temper logits_processors")
         loop = self._ensure_driver()
         pending = _Pending(prompt, params, loop.create_future())
+        pending.images = [image.pil() for image in images]
         pending.done_ids = [[] for _ in range(params.n)]
         pending.done_logprobs = [[] for _ in range(params.n)]
         pending.done_versions = [[] for _ in range(params.n)]
@@ -196,6 +211,8 @@ class VLLMEngine(EngineDefaults):
                 continue
             rid = f"t{next(self._ids)}.{i}"
             prompt = TokensPrompt(prompt_token_ids=pending.prompt + pending.done_ids[i])
+            if pending.images:
+                prompt["multi_modal_data"] = {"image": pending.images}
             params = _vllm_params(pending.params, i, left, pending.resumes)
             queued.append((rid, prompt, params))
             self._pending[rid] = pending
