@@ -21,7 +21,7 @@ from temper.data.visual import (
     redness,
     render,
 )
-from temper.orchestrator.build import build_tasks
+from temper.orchestrator.build import build_reward, build_tasks
 
 
 def components(image: Image.Image) -> int:
@@ -132,3 +132,17 @@ def test_data_type_visual_builds_a_sampler_and_held_out_tasks():
     assert len(held) == 6 and {t.category for t in held} == {"count", "same_colour"}
     with pytest.raises(ValueError, match="kinds"):
         DataConfig(type="visual", kinds=["clock"])
+
+
+def test_the_exact_reward_component_scores_visual_answers():
+    import asyncio
+
+    from temper.config.schema import RewardConfig
+    from temper.rewards.base import RewardInput
+
+    reward = build_reward(RewardConfig(components=[{"type": "exact"}]))
+    tasks = VisualTasks().heldout(4)
+    inputs = [RewardInput(t, "", f"\\boxed{{{t.answer}}}") for t in tasks]
+    inputs += [RewardInput(t, "", "\\boxed{maybe}") for t in tasks]
+    scores = [r.score for r in asyncio.run(reward.score(inputs))]
+    assert scores == [1.0] * 4 + [0.0] * 4
