@@ -112,11 +112,18 @@ class EngineConfig(_Section):
 
 
 class DataConfig(_Section):
-    type: Literal["arithmetic", "file"] = Field(
-        "arithmetic", description="Built-in procedural arithmetic, or a dataset file."
+    type: Literal["arithmetic", "visual", "file"] = Field(
+        "arithmetic",
+        description="Built-in procedural arithmetic, built-in visual tasks (images), or a "
+        "dataset file.",
     )
     levels: list[int] = Field(
         default_factory=lambda: [1, 2, 3], description="Arithmetic difficulty levels to draw from."
+    )
+    kinds: list[Literal["count", "number", "redder", "same_colour"]] = Field(
+        default_factory=lambda: ["count", "number", "redder", "same_colour"],
+        min_length=1,
+        description="Visual task kinds to draw from (type=visual; see docs/vision.md).",
     )
     path: str | None = Field(None, description="Training file (.jsonl or .parquet) for type=file.")
     eval_path: str | None = Field(
@@ -152,7 +159,7 @@ class EnvConfig(_Section):
         "none",
         min_length=1,
         description='"none": single-turn prompts from `data`, scored by `reward`. Otherwise a '
-        "multi-turn env: a built-in (tool_use, code, guess_number, wordle, gym) or "
+        "multi-turn env: a built-in (tool_use, code, guess_number, wordle, gym, visual_grid) or "
         '"module:function" / "file.py:function" returning a temper.envs.registry.EnvSpec.',
     )
     options: dict[str, Any] = Field(

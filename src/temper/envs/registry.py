@@ -33,6 +33,7 @@ BUILTIN_ENVS: dict[str, str] = {
     "guess_number": "temper.envs.games:guess_number_spec",
     "wordle": "temper.envs.games:wordle_spec",
     "gym": "temper.envs.gym_adapter:spec",
+    "visual_grid": "temper.envs.visual_grid:visual_grid_spec",
 }
 
 

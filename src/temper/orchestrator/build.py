@@ -31,6 +31,11 @@ def build_tasks(cfg: DataConfig, seed: int) -> tuple[TaskSampler, list[Task]]:
 
         gen = ArithmeticTasks(levels=tuple(cfg.levels), seed=seed)
         return ProceduralSampler(gen, seed), gen.heldout(cfg.eval_size)
+    if cfg.type == "visual":
+        from temper.data.visual import VisualTasks
+
+        visual = VisualTasks(kinds=tuple(cfg.kinds), seed=seed)
+        return ProceduralSampler(visual, seed), visual.heldout(cfg.eval_size)
     from temper.data.datasets import load_tasks
 
     kwargs: dict[str, Any] = dict(
