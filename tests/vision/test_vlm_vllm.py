@@ -23,10 +23,15 @@ pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
 
 
-def test_vllm_samples_from_what_the_trainer_sees(llava_path, tmp_path):
+def test_vllm_samples_from_what_the_trainer_sees(tmp_path):
+    """On the shipped tiny VLM: vLLM 0.32 reads LLaVA's vision tower only under the
+    classic checkpoint names, which the shipped weights use (docs/vision.md)."""
     from transformers import AutoTokenizer, LlavaForConditionalGeneration
 
     from temper.engine.vllm_engine import VLLMEngine
+    from temper.models import resolve_model_path
+
+    llava_path = resolve_model_path("tiny_vlm")
 
     tokenizer = AutoTokenizer.from_pretrained(llava_path)
     vision = VisionProcessor.from_pretrained(llava_path)

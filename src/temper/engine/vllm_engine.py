@@ -143,7 +143,11 @@ class VLLMEngine(EngineDefaults):
         self.eos_token_ids = _eos_ids(model_config.hf_config, tokenizer)
         self.version: int = 0
         # A vision-language model takes images; its prompts carry them pre-expanded.
-        takes_images = getattr(model_config.hf_config, "vision_config", None) is not None
+        hf_config = model_config.hf_config
+        takes_images = getattr(hf_config, "vision_config", None) is not None
+        self._image_token_id = getattr(
+            hf_config, "image_token_index", getattr(hf_config, "image_token_id", None)
+        )
         self.abilities = EngineAbilities(
             weight_updates=True,
             release_memory=False,
@@ -170,8 +174,10 @@ class VLLMEngine(EngineDefaults):
     ) -> GenerationResult:
         """``params.n`` samples continuing ``prompt_token_ids`` (one vLLM request).
 
-        ``images`` (a VLM) go to vLLM as ``multi_modal_data``; the ids already hold
-        their expanded placeholder runs, which vLLM recognises and keeps."""
+        ``images`` (a VLM) go to vLLM as ``multi_modal_data``. The ids hold each
+        image's expanded run of image tokens; vLLM expands placeholders itself, so
+        each run goes to it as one placeholder (`collapse_image_runs`), and it
+        expands it back to the same run."""
         if self._closed:
             raise RuntimeError("VLLMEngine is closed")
         if images and not self.abilities.images:
@@ -210,7 +216,10 @@ class VLLMEngine(EngineDefaults):
             if left <= 0 or self._sample_finished(pending, i):
                 continue
             rid = f"t{next(self._ids)}.{i}"
-            prompt = TokensPrompt(prompt_token_ids=pending.prompt + pending.done_ids[i])
+            ids = pending.prompt + pending.done_ids[i]
+            if pending.images:
+                ids = collapse_image_runs(ids, self._image_token_id, len(pending.images))
+            prompt = TokensPrompt(prompt_token_ids=ids)
             if pending.images:
                 prompt["multi_modal_data"] = {"image": pending.images}
             params = _vllm_params(pending.params, i, left, pending.resumes)
@@ -550,3 +559,36 @@ def _eos_ids(hf_config: Any, tokenizer: Any) -> set[int]:
 
 
 __all__ = ["VLLMEngine", "vllm_available"]
+
+
+def collapse_image_runs(ids: list[int], image_token_id: int | None, images: int) -> list[int]:
+    """``ids`` with each image's run of image tokens cut to one placeholder token.
+
+    Runs are maximal stretches of the image token. When two images sit back to
+    back (one stretch), the stretch splits evenly: LLaVA-style models give every
+    image the same number of tokens. Anything else is refused.
+    """
+    if image_token_id is None:
+        raise TemperError("this vLLM model names no image token")
+    runs: list[int] = []  # lengths of the stretches, in order
+    out: list[int] = []
+    for t in ids:
+        if t == image_token_id and out and out[-1] == image_token_id and runs:
+            runs[-1] += 1
+            continue
+        if t == image_token_id:
+            runs.append(1)
+        out.append(t)
+    if len(runs) == images:
+        return out
+    total = sum(runs)
+    if images and total % images == 0:
+        each = total // images
+        if all(r % each == 0 for r in runs):
+            expanded: list[int] = []
+            k = 0
+            for t in out:
+                expanded.extend([t] * (runs[k] // each) if t == image_token_id else [t])
+                k += t == image_token_id
+            return expanded
+    raise TemperError(f"cannot tell {images} image(s) apart in {len(runs)} run(s) of image tokens")
