@@ -9,7 +9,8 @@ VLLM_STAMP := .venv-vllm/.temper-setup
 # (the lower end of the range pyproject declares).
 VLLM_TESTS := tests/engine/test_vllm_engine.py tests/orchestrator/test_vllm_runs.py \
 	tests/rollout/test_multi_turn.py tests/trainer/test_policy_trainer.py \
-	tests/trainer/test_batching.py tests/engine/test_native_engine.py tests/engine/test_hf_engine.py
+	tests/trainer/test_batching.py tests/engine/test_native_engine.py tests/engine/test_hf_engine.py \
+	tests/vision/test_vlm_vllm.py tests/vision/test_vlm_rollouts.py tests/models/test_tiny_vlm_vllm.py
 export TOKENIZERS_PARALLELISM := false
 
 .PHONY: setup setup-vllm demo test test-vllm test-fast lint format bench clean

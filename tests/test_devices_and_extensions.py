@@ -72,3 +72,39 @@ def test_a_cpu_build_of_an_extension_is_left_alone(tmp_path):
     )
     assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == "42"
+
+
+@pytest.mark.skipif(_torch_build_tag() != "cpu", reason="needs the CPU build of torch")
+def test_with_torchvision_hidden_torchvision_image_processors_load_as_their_pil_twins(tmp_path):
+    """vLLM's LLaVA imports transformers' torchvision Pixtral processor module by name;
+    with torchvision hidden that import must still work, here and in a child."""
+    pkg = tmp_path / "site" / "torchvision"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("raise RuntimeError('operator torchvision::nms missing')\n")
+    (pkg / "version.py").write_text("__version__ = '0.28.0+cu130'\n")
+    load = (
+        "from transformers.models.pixtral.image_processing_pixtral import "
+        "PixtralImageProcessor, _num_image_tokens; "
+        "print(PixtralImageProcessor.__name__, sum(_num_image_tokens((64, 64), (16, 16))))"
+    )
+    script = textwrap.dedent(
+        f"""
+        import subprocess, sys
+        import temper
+        {load}
+        child = {load!r}
+        print(subprocess.run([sys.executable, "-c", child], capture_output=True, text=True).stdout.strip())
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), *sys.path])}
+    env.pop("TEMPER_HIDDEN_MODULES", None)
+    out = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == [
+        "PixtralImageProcessorPil",
+        "8",
+        "PixtralImageProcessorPil",
+        "8",
+    ]

@@ -286,7 +286,7 @@ def test_half_sent_requests_are_closed(short_server):
             assert b"--body-timeout-s" in data
         else:
             assert data == b""
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 300  # a generous cap: a loaded machine is slow
     while handle.open_connections and time.monotonic() < deadline:
         time.sleep(0.05)
     assert handle.open_connections == 0

@@ -44,7 +44,7 @@ def _memory_mb(pid: int) -> dict[str, float]:
 
 
 def _wait_up(url: str, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 600  # a generous cap: a loaded machine starts slowly
     while True:
         try:
             httpx.get(f"{url}/health", timeout=5).raise_for_status()

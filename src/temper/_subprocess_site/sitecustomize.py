@@ -11,3 +11,9 @@ import sys
 for _name in os.environ.get("TEMPER_HIDDEN_MODULES", "").split(","):
     if _name:
         sys.modules.setdefault(_name, None)  # `import` raises ImportError; find_spec says absent
+
+if "torchvision" in os.environ.get("TEMPER_HIDDEN_MODULES", "").split(","):
+    # transformers' torchvision image processors answer from their PIL twins (see there).
+    from temper.torch_extensions import install_pil_image_processors
+
+    install_pil_image_processors()

@@ -105,7 +105,17 @@ def apply_override(data: dict[str, Any], path: list[str], value: Any) -> None:
 
 
 #: Model names that are not paths (`temper.models.loader.ALIASES`; a test keeps them equal).
-MODEL_ALIASES = frozenset({"tiny", "builtin:tiny", "tiny-rm", "builtin:tiny-rm"})
+MODEL_ALIASES = frozenset(
+    {
+        "tiny",
+        "builtin:tiny",
+        "tiny-rm",
+        "builtin:tiny-rm",
+        "tiny_vlm",
+        "tiny-vlm",
+        "builtin:tiny_vlm",
+    }
+)
 
 
 def _absolute(value: Any, base: Path) -> Any:

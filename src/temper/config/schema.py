@@ -112,11 +112,18 @@ class EngineConfig(_Section):
 
 
 class DataConfig(_Section):
-    type: Literal["arithmetic", "file"] = Field(
-        "arithmetic", description="Built-in procedural arithmetic, or a dataset file."
+    type: Literal["arithmetic", "visual", "file"] = Field(
+        "arithmetic",
+        description="Built-in procedural arithmetic, built-in visual tasks (images), or a "
+        "dataset file.",
     )
     levels: list[int] = Field(
         default_factory=lambda: [1, 2, 3], description="Arithmetic difficulty levels to draw from."
+    )
+    kinds: list[Literal["count", "number", "redder", "same_colour"]] = Field(
+        default_factory=lambda: ["count", "number", "redder", "same_colour"],
+        min_length=1,
+        description="Visual task kinds to draw from (type=visual; see docs/vision.md).",
     )
     path: str | None = Field(None, description="Training file (.jsonl or .parquet) for type=file.")
     eval_path: str | None = Field(
@@ -124,6 +131,12 @@ class DataConfig(_Section):
     )
     prompt_field: str = Field("prompt", description="Column holding the prompt.")
     answer_field: str = Field("answer", description="Column holding the reference answer.")
+    image_field: str = Field(
+        "images",
+        description="Column holding a row's images (one image or a list: bytes, path, data URL, "
+        "or an HF datasets Image), shown in the prompt: at each '<image>' in its text, else "
+        "before it. Rows without the column are text-only.",
+    )
     id_field: str | None = Field(None, description="Column holding a stable row id.")
     category_field: str | None = Field(None, description="Column used for per-category metrics.")
     answer_extractor: Literal["gsm8k"] | None = Field(
@@ -146,7 +159,7 @@ class EnvConfig(_Section):
         "none",
         min_length=1,
         description='"none": single-turn prompts from `data`, scored by `reward`. Otherwise a '
-        "multi-turn env: a built-in (tool_use, code, guess_number, wordle, gym, miniwob) or "
+        "multi-turn env: a built-in (tool_use, code, guess_number, wordle, gym, visual_grid, miniwob) or "
         '"module:function" / "file.py:function" returning a temper.envs.registry.EnvSpec.',
     )
     options: dict[str, Any] = Field(
@@ -372,6 +385,11 @@ class TrainerConfig(_Section):
     )
     ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
     mini_batches: int = Field(1, ge=1, description="Optimizer steps per pass.")
+    freeze_vision_tower: bool = Field(
+        True,
+        description="Vision-language models: keep the vision encoder's weights fixed (the "
+        "projector and language model train). False trains the encoder too.",
+    )
     world_size: int = Field(
         1,
         ge=1,

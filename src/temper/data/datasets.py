@@ -27,6 +27,8 @@ _EXTRACTORS: dict[str, tuple[Callable[[str], str | None], str]] = {
     "boxed": (extract_boxed, "has no \\boxed{...} answer"),
 }
 
+#: Where a prompt's text shows an image of its row (`image_field`).
+IMAGE_MARKER = "<image>"
 #: (where in the source, e.g. "line 3" or "row 2"; the row)
 _Row = tuple[str, Mapping[str, Any]]
 
@@ -40,6 +42,7 @@ def load_tasks(
     category_field: str | None = None,
     answer_extractor: AnswerExtractor | None = None,
     split: str | None = None,
+    image_field: str | None = "images",
 ) -> list[Task]:
     """Read a dataset and return one `Task` per row.
 
@@ -58,6 +61,12 @@ def load_tasks(
     `answer_extractor` reduces the answer: "gsm8k" keeps what follows `####`
     ("... #### 1,200" gives "1200"), "boxed" keeps the last `\\boxed{...}`
     content, a function maps the raw string to the answer (None for no answer).
+
+    `image_field` names a column of images (one, or a list; any form
+    `temper.vision.load_image` reads: bytes, a path, a data URL, an HF
+    datasets `Image`). A row that has it gets a prompt of content parts: each
+    `<image>` in the prompt text is replaced by the next image, and images
+    without a marker go before the text. Images are decoded when rendered.
     """
     label, rows = _read_source(source, split)
     if not rows:
@@ -66,7 +75,7 @@ def load_tasks(
     # The answer and category columns stay in `columns` under their own names (the answer
     # raw, before extraction): a TRL-style reward function asks for dataset columns by
     # their dataset names.
-    mapped = {f for f in (prompt_field, id_field) if f is not None}
+    mapped = {f for f in (prompt_field, id_field, image_field) if f is not None}
     if answer_field == "answer":
         mapped.add(answer_field)
     prefix = _id_prefix(label)
@@ -81,7 +90,11 @@ def load_tasks(
         tasks.append(
             Task(
                 id=task_id,
-                prompt=_prompt(_field(row, prompt_field, at), prompt_field, at),
+                prompt=_with_images(
+                    _prompt(_field(row, prompt_field, at), prompt_field, at),
+                    row.get(image_field) if image_field else None,
+                    at,
+                ),
                 answer=_answer(row, answer_field, extract, at),
                 category=str(_field(row, category_field, at)) if category_field else "default",
                 columns={k: v for k, v in row.items() if k not in mapped},
@@ -245,6 +258,39 @@ def _prompt(value: Any, field: str, at: str) -> str | list[dict[str, Any]]:
         f"{at}: field {field!r} must be a string or a non-empty list of chat messages, "
         f"got {type(value).__name__}"
     )
+
+
+def _with_images(
+    prompt: str | list[dict[str, Any]], images: Any, at: str
+) -> str | list[dict[str, Any]]:
+    """The prompt with the row's images as content parts (unchanged without images)."""
+    if images is None:
+        return prompt
+    images = list(images) if isinstance(images, list | tuple) else [images]
+    if not images:
+        return prompt
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+    users = [i for i, m in enumerate(messages) if m.get("role") == "user"]
+    if not users or not isinstance(messages[users[0]]["content"], str):
+        raise DataError(f"{at}: images need a prompt whose first user message is text")
+    first = users[0]
+    pieces = messages[first]["content"].split(IMAGE_MARKER)
+    if len(pieces) - 1 > len(images):
+        raise DataError(
+            f"{at}: the prompt has {len(pieces) - 1} {IMAGE_MARKER} markers but the row has "
+            f"{len(images)} image(s)"
+        )
+    parts: list[dict[str, Any]] = [
+        {"type": "image", "image": im} for im in images[len(pieces) - 1 :]
+    ]
+    for k, piece in enumerate(pieces):
+        if piece:
+            parts.append({"type": "text", "text": piece})
+        if k < len(pieces) - 1:
+            parts.append({"type": "image", "image": images[k]})
+    messages = [dict(m) for m in messages]
+    messages[first]["content"] = parts
+    return messages
 
 
 def _answer(

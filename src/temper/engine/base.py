@@ -19,6 +19,8 @@ from temper.weights.transport import WeightTransport
 if TYPE_CHECKING:
     import torch
 
+    from temper.vision.images import Image
+
 FinishReason = Literal["stop", "length", "abort"]
 
 
@@ -178,6 +180,8 @@ class EngineAbilities:
     - `metrics`: `metrics()` reports per-step counters worth logging.
     - `stream`: the engine is a `StreamingEngine`: `generate_stream` yields
       tokens as they are sampled.
+    - `images`: `generate` takes the prompt's images (a vision-language model
+      with its processor); without it, a prompt with images is refused.
     """
 
     weight_updates: bool = True
@@ -185,6 +189,7 @@ class EngineAbilities:
     sleep: bool = False
     metrics: bool = False
     stream: bool = False
+    images: bool = False
 
 
 @runtime_checkable
@@ -208,11 +213,14 @@ class Engine(Protocol):
     max_context: int
 
     async def generate(
-        self, prompt_token_ids: Sequence[int], params: SamplingParams
+        self, prompt_token_ids: Sequence[int], params: SamplingParams, images: Sequence[Image] = ()
     ) -> GenerationResult:
         """Generate `params.n` samples continuing `prompt_token_ids`.
 
-        Raises `temper.errors.PromptTooLongError` if the prompt does not fit.
+        ``images`` (`temper.vision.Image`, only with `abilities.images`) are the
+        prompt's images in order; their token runs are already in the ids
+        (`temper.vision.processor.VisionProcessor.expand`). Raises
+        `temper.errors.PromptTooLongError` if the prompt does not fit.
         """
         ...
 

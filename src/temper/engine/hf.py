@@ -30,6 +30,7 @@ import torch
 
 from temper import compute
 from temper.engine.base import (
+    EngineAbilities,
     EngineDefaults,
     GenerationResult,
     SampleOutput,
@@ -38,6 +39,8 @@ from temper.engine.base import (
 from temper.engine.requests import StopChecker, eos_token_ids, validate_prompt
 from temper.engine.sampling import row_processors, top_alternatives
 from temper.errors import TemperError
+from temper.vision.images import Image
+from temper.vision.processor import VisionProcessor
 from temper.weights.transport import WeightTransport
 
 
@@ -52,20 +55,24 @@ class HFEngine(EngineDefaults):
         tokenizer: Any | None = None,
         *,
         max_context: int | None = None,
+        vision: VisionProcessor | None = None,
     ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
-        limit = int(getattr(model.config, "max_position_embeddings", 0) or 2048)
+        self.vision = vision
+        self.abilities = EngineAbilities(images=vision is not None)
+        text_config = model.config.get_text_config()
+        limit = int(getattr(text_config, "max_position_embeddings", 0) or 2048)
         self.max_context: int = min(limit, max_context) if max_context else limit
         self.version: int = 0
         self.eos_token_ids = eos_token_ids(model)
-        self.vocab_size = int(model.config.vocab_size)
+        self.vocab_size = int(text_config.vocab_size)
         self._stop = StopChecker(tokenizer, self.max_context)
         self._lock = threading.Lock()
         self._closed = False
 
     async def generate(
-        self, prompt_token_ids: Seq[int], params: SamplingParams
+        self, prompt_token_ids: Seq[int], params: SamplingParams, images: Seq[Image] = ()
     ) -> GenerationResult:
         """Generate ``params.n`` samples with one ``model.generate`` call."""
         if self._closed:
@@ -73,8 +80,12 @@ class HFEngine(EngineDefaults):
         prompt = validate_prompt(prompt_token_ids, self.max_context, self.vocab_size)
         if params.stop_strings and self.tokenizer is None:
             raise TemperError("stop_strings need a tokenizer; pass one to HFEngine")
+        if images and self.vision is None:
+            raise TemperError("this HFEngine's model takes no images (it has no image processor)")
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(compute.executor(), self._generate, prompt, params)
+        return await loop.run_in_executor(
+            compute.executor(), self._generate, prompt, params, list(images)
+        )
 
     def load_weights(self, transport: WeightTransport, version: int) -> None:
         """Receive ``version``; ``load_state_dict(strict=False)`` on the compute thread."""
@@ -95,7 +106,9 @@ class HFEngine(EngineDefaults):
         self._closed = True
 
     # ------------------------------------------------------------------ worker
-    def _generate(self, prompt: list[int], params: SamplingParams) -> GenerationResult:
+    def _generate(
+        self, prompt: list[int], params: SamplingParams, images: list[Image]
+    ) -> GenerationResult:
         from transformers import GenerationConfig
 
         stop_ids = set(params.stop_token_ids)
@@ -122,6 +135,9 @@ class HFEngine(EngineDefaults):
         if params.shapes_logits:
             extra["logits_processor"] = _shaping_processor(len(prompt), params)
         ids = torch.tensor([prompt] * params.n, dtype=torch.long)
+        if images and self.vision is not None:
+            pixels = self.vision.pixel_inputs(images)  # the prompt's images, once per sample
+            extra.update({k: torch.cat([v] * params.n) for k, v in pixels.items()})
         with self._lock, torch.inference_mode():
             version = self.version
             if params.seed is not None:

@@ -57,6 +57,7 @@ from temper.engine.base import (
 )
 from temper.engine.requests import StopChecker, validate_prompt
 from temper.errors import ConfigError, TemperError
+from temper.vision.images import Image
 from temper.weights.transport import WeightTransport
 
 #: Most vLLM steps per hand-off to the compute thread.
@@ -83,6 +84,8 @@ class _Pending:
     done_logprobs: list[list[float]] = field(default_factory=list)
     done_versions: list[list[int]] = field(default_factory=list)
     done_top: list[list[dict[int, float]]] = field(default_factory=list)
+    # The prompt's images (PIL), in order; their token runs are already in `prompt`.
+    images: list[Any] = field(default_factory=list)
 
 
 class VLLMEngine(EngineDefaults):
@@ -139,8 +142,18 @@ class VLLMEngine(EngineDefaults):
         self.vocab_size = int(model_config.get_vocab_size())
         self.eos_token_ids = _eos_ids(model_config.hf_config, tokenizer)
         self.version: int = 0
+        # A vision-language model takes images; its prompts carry them pre-expanded.
+        hf_config = model_config.hf_config
+        takes_images = getattr(hf_config, "vision_config", None) is not None
+        self._image_token_id = getattr(
+            hf_config, "image_token_index", getattr(hf_config, "image_token_id", None)
+        )
         self.abilities = EngineAbilities(
-            weight_updates=True, release_memory=False, sleep=enable_sleep, metrics=False
+            weight_updates=True,
+            release_memory=False,
+            sleep=enable_sleep,
+            metrics=False,
+            images=takes_images,
         )
         self._stop = StopChecker(tokenizer, self.max_context)
         self._ids = itertools.count()
@@ -157,11 +170,18 @@ class VLLMEngine(EngineDefaults):
 
     # ------------------------------------------------------------ generate
     async def generate(
-        self, prompt_token_ids: Seq[int], params: SamplingParams
+        self, prompt_token_ids: Seq[int], params: SamplingParams, images: Seq[Image] = ()
     ) -> GenerationResult:
-        """``params.n`` samples continuing ``prompt_token_ids`` (one vLLM request)."""
+        """``params.n`` samples continuing ``prompt_token_ids`` (one vLLM request).
+
+        ``images`` (a VLM) go to vLLM as ``multi_modal_data``. The ids hold each
+        image's expanded run of image tokens; vLLM expands placeholders itself, so
+        each run goes to it as one placeholder (`collapse_image_runs`), and it
+        expands it back to the same run."""
         if self._closed:
             raise RuntimeError("VLLMEngine is closed")
+        if images and not self.abilities.images:
+            raise TemperError("this vLLM model takes no images (it has no vision config)")
         prompt = validate_prompt(prompt_token_ids, self.max_context, self.vocab_size)
         if params.stop_strings and self.tokenizer is None:
             raise TemperError("stop_strings need a tokenizer; pass one to VLLMEngine")
@@ -169,6 +189,7 @@ class VLLMEngine(EngineDefaults):
             raise TemperError("VLLMEngine does not run Temper logits_processors")
         loop = self._ensure_driver()
         pending = _Pending(prompt, params, loop.create_future())
+        pending.images = [image.pil() for image in images]
         pending.done_ids = [[] for _ in range(params.n)]
         pending.done_logprobs = [[] for _ in range(params.n)]
         pending.done_versions = [[] for _ in range(params.n)]
@@ -195,7 +216,12 @@ class VLLMEngine(EngineDefaults):
             if left <= 0 or self._sample_finished(pending, i):
                 continue
             rid = f"t{next(self._ids)}.{i}"
-            prompt = TokensPrompt(prompt_token_ids=pending.prompt + pending.done_ids[i])
+            ids = pending.prompt + pending.done_ids[i]
+            if pending.images:
+                ids = collapse_image_runs(ids, self._image_token_id, len(pending.images))
+            prompt = TokensPrompt(prompt_token_ids=ids)
+            if pending.images:
+                prompt["multi_modal_data"] = {"image": pending.images}
             params = _vllm_params(pending.params, i, left, pending.resumes)
             queued.append((rid, prompt, params))
             self._pending[rid] = pending
@@ -533,3 +559,36 @@ def _eos_ids(hf_config: Any, tokenizer: Any) -> set[int]:
 
 
 __all__ = ["VLLMEngine", "vllm_available"]
+
+
+def collapse_image_runs(ids: list[int], image_token_id: int | None, images: int) -> list[int]:
+    """``ids`` with each image's run of image tokens cut to one placeholder token.
+
+    Runs are maximal stretches of the image token. When two images sit back to
+    back (one stretch), the stretch splits evenly: LLaVA-style models give every
+    image the same number of tokens. Anything else is refused.
+    """
+    if image_token_id is None:
+        raise TemperError("this vLLM model names no image token")
+    runs: list[int] = []  # lengths of the stretches, in order
+    out: list[int] = []
+    for t in ids:
+        if t == image_token_id and out and out[-1] == image_token_id and runs:
+            runs[-1] += 1
+            continue
+        if t == image_token_id:
+            runs.append(1)
+        out.append(t)
+    if len(runs) == images:
+        return out
+    total = sum(runs)
+    if images and total % images == 0:
+        each = total // images
+        if all(r % each == 0 for r in runs):
+            expanded: list[int] = []
+            k = 0
+            for t in out:
+                expanded.extend([t] * (runs[k] // each) if t == image_token_id else [t])
+                k += t == image_token_id
+            return expanded
+    raise TemperError(f"cannot tell {images} image(s) apart in {len(runs)} run(s) of image tokens")

@@ -34,6 +34,7 @@ BUILTIN_ENVS: dict[str, str] = {
     "wordle": "temper.envs.games:wordle_spec",
     "gym": "temper.envs.gym_adapter:spec",
     "miniwob": "temper.envs.browser_env:spec",
+    "visual_grid": "temper.envs.visual_grid:visual_grid_spec",
 }
 
 

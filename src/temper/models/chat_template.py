@@ -84,6 +84,40 @@ CHATML_TEMPLATE = (
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
 
+#: The image placeholder of the tiny VLM (LLaVA): one token in the template, expanded by
+#: the processor to one token per image patch.
+IMAGE_TOKEN = "<image>"
+
+# Content given as OpenAI-style parts renders text parts as their text and image parts
+# (`image` or `image_url`) as `<image>`, in order; string content renders as before.
+_CONTENT_MACRO = (
+    "{%- macro render_content(content) %}"
+    "{%- if content is string %}{{- content }}"
+    "{%- else %}{%- for part in content %}"
+    "{%- if part.type == 'text' %}{{- part.text }}"
+    "{%- elif part.type in ('image', 'image_url') %}{{- '" + IMAGE_TOKEN + "' }}"
+    "{%- endif %}{%- endfor %}{%- endif %}"
+    "{%- endmacro %}"
+)
+
+#: The ChatML template of `CHATML_TEMPLATE` with content parts (images as `<image>`).
+VLM_TEMPLATE = _CONTENT_MACRO + CHATML_TEMPLATE.replace(
+    "messages[0].content + '\\n\\n' }}",
+    "render_content(messages[0].content) + '\\n\\n' }}",
+).replace(
+    "'<|im_start|>system\\n' + messages[0].content + '<|im_end|>\\n' }}",
+    "'<|im_start|>system\\n' + render_content(messages[0].content) + '<|im_end|>\\n' }}",
+).replace(
+    "{{- message.content }}",
+    "{{- render_content(message.content) }}",
+).replace(
+    "<tool_response>' + message.content + '</tool_response>",
+    "<tool_response>' + render_content(message.content) + '</tool_response>",
+).replace(
+    "'\\n' + message.content + '<|im_end|>\\n' }}",
+    "'\\n' + render_content(message.content) + '<|im_end|>\\n' }}",
+)
+
 
 # --------------------------------------------------------------------------------------
 # Incremental rendering for token-in/token-out multi-turn rollouts (any HF chat template).

@@ -1,19 +1,31 @@
 """Loading causal language models and their tokenizers from a directory.
 
 A model path is either an alias, `tiny` / `builtin:tiny` (the built-in tiny
-chat model shipped in `temper/models/tiny/`) or `tiny-rm` / `builtin:tiny-rm`
+chat model shipped in `temper/models/tiny/`), `tiny-rm` / `builtin:tiny-rm`
 (the built-in tiny reward model in `temper/models/tiny_rm/`, a one-label
-sequence classifier for `temper serve-rm`), or a directory holding a Hugging
-Face model (`config.json`, weights, tokenizer files). Anything else raises
-`ModelLoadError` with a one-line message naming the path.
+sequence classifier for `temper serve-rm`) or `tiny_vlm` / `tiny-vlm` /
+`builtin:tiny_vlm` (the built-in tiny vision-language model, a LLaVA, in
+`temper/models/tiny_vlm/`), or a directory holding a Hugging Face model
+(`config.json`, weights, tokenizer files; a vision-language model also its
+processor config). Anything else raises `ModelLoadError` with a one-line
+message naming the path.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from safetensors import SafetensorError
+from transformers import (
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoProcessor,
+    AutoTokenizer,
+    PreTrainedModel,
+)
 from transformers.tokenization_utils_base import PreTrainedTokenizerBase
 
 from temper import compute
@@ -21,11 +33,15 @@ from temper.errors import ModelLoadError
 
 TINY_DIR = Path(__file__).resolve().parent / "tiny"
 TINY_RM_DIR = Path(__file__).resolve().parent / "tiny_rm"
+TINY_VLM_DIR = Path(__file__).resolve().parent / "tiny_vlm"
 ALIASES: dict[str, Path] = {
     "tiny": TINY_DIR,
     "builtin:tiny": TINY_DIR,
     "tiny-rm": TINY_RM_DIR,
     "builtin:tiny-rm": TINY_RM_DIR,
+    "tiny_vlm": TINY_VLM_DIR,
+    "tiny-vlm": TINY_VLM_DIR,
+    "builtin:tiny_vlm": TINY_VLM_DIR,
 }
 
 
@@ -59,14 +75,40 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
         ) from exc
 
 
+def is_vision_language(path: str | Path) -> bool:
+    """True if the model's config has a vision tower (`vision_config`): an image-text model."""
+    try:
+        config = json.loads((resolve_model_path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and "vision_config" in config
+
+
 def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrainedModel:
-    """The causal LM stored at a model path or alias, in eval mode, with `dtype` weights."""
+    """The causal LM stored at a model path or alias, in eval mode, with `dtype` weights.
+
+    A vision-language model (see `is_vision_language`) loads as its image-text-to-text
+    class (for the tiny VLM, `LlavaForConditionalGeneration`), which takes
+    `pixel_values` beside the token ids.
+    """
     directory = resolve_model_path(path)
+    vision = is_vision_language(directory)
+    auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
     try:
         # Loaded on the compute thread, where its ops will run (see `temper.compute`).
-        model = compute.run(AutoModelForCausalLM.from_pretrained, directory, dtype=dtype)
+        model = compute.run(auto.from_pretrained, directory, dtype=dtype)
+    except (OSError, ValueError, SafetensorError) as exc:
+        kind = "an image-text model" if vision else "a causal LM"
+        raise ModelLoadError(f"cannot load {kind} from {str(path)!r}: {_first_line(exc)}") from exc
+    return model.eval()
+
+
+def load_processor(path: str | Path) -> Any:
+    """The processor (image processor, tokenizer, chat template) of a vision-language model."""
+    directory = resolve_model_path(path)
+    try:
+        return AutoProcessor.from_pretrained(directory)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(
-            f"cannot load a causal LM from {str(path)!r}: {_first_line(exc)}"
+            f"cannot load a processor from {str(path)!r}: {_first_line(exc)}"
         ) from exc
-    return model.eval()

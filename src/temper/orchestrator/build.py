@@ -13,11 +13,15 @@ from temper.data.base import Task
 from temper.data.sampler import ListSampler, ProceduralSampler, TaskSampler
 from temper.devices import resolve_device
 from temper.engine.base import Engine
-from temper.errors import DataError
+from temper.errors import ConfigError, DataError
+from temper.models.loader import resolve_model_path
 from temper.orchestrator.backend import Rollouts
 from temper.rewards.base import Reward
 from temper.rollout.single_turn import PromptRenderer
 from temper.rollout.sources import EpisodeRollouts, SingleTurnRollouts
+from temper.vision.processor import VisionProcessor, vision_for
+from temper.vision.prompting import PromptImages
+from temper.vision.store import ImageStore
 
 
 def build_tasks(cfg: DataConfig, seed: int) -> tuple[TaskSampler, list[Task]]:
@@ -27,11 +31,17 @@ def build_tasks(cfg: DataConfig, seed: int) -> tuple[TaskSampler, list[Task]]:
 
         gen = ArithmeticTasks(levels=tuple(cfg.levels), seed=seed)
         return ProceduralSampler(gen, seed), gen.heldout(cfg.eval_size)
+    if cfg.type == "visual":
+        from temper.data.visual import VisualTasks
+
+        visual = VisualTasks(kinds=tuple(cfg.kinds), seed=seed)
+        return ProceduralSampler(visual, seed), visual.heldout(cfg.eval_size)
     from temper.data.datasets import load_tasks
 
     kwargs: dict[str, Any] = dict(
         prompt_field=cfg.prompt_field,
         answer_field=cfg.answer_field,
+        image_field=cfg.image_field,
         id_field=cfg.id_field,
         category_field=cfg.category_field,
         answer_extractor=cfg.answer_extractor,
@@ -157,7 +167,13 @@ def build_engine(cfg: Config, model_path: str, tokenizer: Any) -> Engine:
     from temper.models import load_model
 
     model = load_model(model_path, dtype=torch_dtype(cfg.model.dtype)).to(device)
-    opts = {}
+    vision = build_vision(cfg)
+    if vision is not None and e.type == "native":
+        raise ConfigError(
+            f"model {cfg.model.path!r} is a vision-language model; the native engine runs text "
+            "models only so far: use engine.type = 'hf'"
+        )
+    opts: dict[str, Any] = {"vision": vision} if vision is not None else {}
     if e.type == "native":
         opts = {
             "max_slots": e.max_slots,
@@ -184,17 +200,35 @@ def build_run_tasks(cfg: Config) -> tuple[TaskSampler, list[Task], Any]:
     return train, heldout, spec
 
 
-def build_rollouts(cfg: Config, engine: Any, tokenizer: Any) -> Rollouts:
-    """Single-turn prompts (``env.type = "none"``) or episodes of the configured env."""
+def build_vision(cfg: Config) -> VisionProcessor | None:
+    """The image processor of ``model.path`` when it is a vision-language model (one per
+    process, shared by engine, renderer and trainer); None for a text model."""
+    if cfg.engine.type == "openai":
+        return None
+    return vision_for(str(resolve_model_path(cfg.model.path)))
+
+
+def build_rollouts(
+    cfg: Config, engine: Any, tokenizer: Any, image_store: ImageStore | None = None
+) -> Rollouts:
+    """Single-turn prompts (``env.type = "none"``) or episodes of the configured env.
+
+    ``image_store``: where a training run keeps the images its prompts show (the
+    trainer reads them back by hash); None keeps none (eval, serving).
+    """
     train, heldout, spec = build_run_tasks(cfg)
     if spec is None:
         reward = build_reward(cfg.reward)
-        renderer = PromptRenderer(tokenizer, cfg.data.system_prompt)
+        renderer = PromptRenderer(
+            tokenizer, cfg.data.system_prompt, vision=build_vision(cfg), store=image_store
+        )
         return Rollouts(
             SingleTurnRollouts(engine, renderer, reward), train, heldout, reward, renderer
         )
     reward = build_reward(cfg.reward) if cfg.env.add_reward else None
+    vision = build_vision(cfg)
+    images = PromptImages(vision, image_store) if vision is not None else None
     source = EpisodeRollouts(
-        engine, spec, tokenizer, cfg.env.limits, reward, cfg.env.max_concurrency
+        engine, spec, tokenizer, cfg.env.limits, reward, cfg.env.max_concurrency, images
     )
     return Rollouts(source, train, heldout, reward, None, spec)

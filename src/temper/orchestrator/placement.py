@@ -17,7 +17,8 @@ from typing import Any
 
 from temper.config import Config
 from temper.orchestrator.backend import LocalBackend, RolloutBackend, Rollouts
-from temper.orchestrator.build import build_engine, build_rollouts, build_run_tasks
+from temper.orchestrator.build import build_engine, build_rollouts, build_run_tasks, build_vision
+from temper.vision.store import run_image_store
 
 
 def build_backend(
@@ -33,7 +34,8 @@ def build_backend(
     if cfg.orchestrator.backend in ("process", "ray"):
         return start_remote_backend(cfg, model_path, tokenizer, run_dir, tasks)
     engine = build_engine(cfg, model_path, tokenizer)
-    return LocalBackend(engine, build_rollouts(cfg, engine, tokenizer))
+    store = run_image_store(cfg) if run_dir is not None else None
+    return LocalBackend(engine, build_rollouts(cfg, engine, tokenizer, store))
 
 
 def start_remote_backend(
@@ -53,7 +55,9 @@ def start_remote_backend(
     from temper.rollout.single_turn import PromptRenderer
 
     train, heldout, spec = tasks if tasks is not None else build_run_tasks(cfg)
-    renderer = None if spec is not None else PromptRenderer(tokenizer, cfg.data.system_prompt)
+    renderer = None
+    if spec is None:
+        renderer = PromptRenderer(tokenizer, cfg.data.system_prompt, vision=build_vision(cfg))
     rollouts = Rollouts(None, train, heldout, None, renderer, spec)  # type: ignore[arg-type]
     if cfg.orchestrator.backend == "ray":
         from temper.orchestrator.remote.ray_backend import start_ray_backend

@@ -40,7 +40,7 @@ from temper.monitor.sinks import (
 )
 from temper.orchestrator.async_rollouts import AsyncRollouts
 from temper.orchestrator.backend import publish_weights
-from temper.orchestrator.build import build_run_tasks
+from temper.orchestrator.build import build_run_tasks, build_vision
 from temper.orchestrator.placement import build_backend
 from temper.orchestrator.run_dir import RunDir
 from temper.orchestrator.run_guard import RunGuard, check_can_learn, check_reward_functions
@@ -154,6 +154,10 @@ class SyncOrchestrator:
             model_path = str(ckpts[-1])
         torch.manual_seed(cfg.run.seed)
         self.tokenizer = load_tokenizer(model_path)
+        vision = build_vision(cfg)
+        # What a checkpoint saves beside the weights: the tokenizer, or a VLM's whole
+        # processor (tokenizer, image processor, chat template) so it loads as a VLM.
+        self.model_files = vision.processor if vision is not None else self.tokenizer
         self.model = load_model(model_path, dtype=torch.float32)
         pad = self.tokenizer.pad_token_id
         # world_size > 1: FSDP2 ranks in child processes (temper.trainer.distributed).
@@ -350,7 +354,7 @@ class SyncOrchestrator:
             self.run_dir.checkpoints,
             step,
             self.model,
-            self.tokenizer,
+            self.model_files,
             self.trainer.state_dict(),
             {"version": self.backend.version, "sampler": self.sampler.state_dict()},
             keep=self.cfg.checkpoint.keep,

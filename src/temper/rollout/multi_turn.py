@@ -47,6 +47,8 @@ from temper.envs.tools import parse_tool_calls
 from temper.errors import PromptTooLongError
 from temper.models.chat_template import IncrementalRenderer
 from temper.rollout.trajectory import Trajectory
+from temper.vision.images import Image, ImageError, loggable
+from temper.vision.prompting import PromptImages
 
 #: Turns a turn's text into (tool calls, parse errors); the default reads Hermes blocks.
 ToolCallParser = Callable[[str], tuple[list[ToolCall], list[ToolCallError]]]
@@ -75,6 +77,8 @@ class _Episode:
     env_error: str | None = None
     finish: EpisodeFinish = "max_turns"
     generated: int = 0
+    #: Images shown so far: (offset of the token run in prompt + response, image).
+    images: list[tuple[int, Image]] = field(default_factory=list)
 
     def ids(self) -> list[int]:
         return self.prompt_ids + self.response_ids
@@ -128,6 +132,7 @@ class _Episode:
             env_info=self.env_info,
             env_metrics=self.env_metrics,
             env_error=self.env_error,
+            images=[[offset, image.sha256] for offset, image in self.images],
         )
 
 
@@ -194,6 +199,7 @@ async def run_episode(
     *,
     group_id: int = 0,
     parser: ToolCallParser = parse_tool_calls,
+    images: PromptImages | None = None,
 ) -> Trajectory:
     """Play one episode of `env` on `task` and return its trajectory.
 
@@ -203,13 +209,15 @@ async def run_episode(
     closed (the caller owns it; `run_episodes` closes the envs it makes).
     Raises `PromptTooLongError` if the first observation leaves no room to
     generate, and `ChatTemplateError` if the template cannot be rendered
-    incrementally.
+    incrementally. Observations may show images when ``images`` (a VLM's
+    `PromptImages`) is given; each image's token run is spliced in where the
+    template put its placeholder, and the engine gets every image shown so far.
     """
     limits = limits or EpisodeLimits()
     episode = _Episode()
     try:
         async with asyncio.timeout(limits.timeout_s) as deadline:
-            await _play(engine, env, task, tokenizer, params, limits, seed, parser, episode)
+            await _play(engine, env, task, tokenizer, params, limits, seed, parser, episode, images)
     except TimeoutError:
         if not deadline.expired():
             raise
@@ -230,6 +238,7 @@ async def _play(
     seed: int | None,
     parser: ToolCallParser,
     ep: _Episode,
+    images: PromptImages | None = None,
 ) -> None:
     """The turn loop; sets `ep.finish` and returns when the episode ends."""
     try:
@@ -238,8 +247,14 @@ async def _play(
     except Exception as exc:
         return ep.fail("reset", exc)
     renderer = IncrementalRenderer(tokenizer, tools, stop_token_ids=params.stop_token_ids)
-    ep.prompt_ids, ep.prompt_text = renderer.prompt(first)
-    ep.messages = list(first)
+    shown = images or PromptImages()
+    try:
+        first = shown.normalize(first)
+    except ImageError as exc:
+        return ep.fail("reset", exc)
+    ids, ep.prompt_text = renderer.prompt(first)
+    ep.prompt_ids = shown.splice(ids, first, 0, ep.images)
+    ep.messages = loggable(first)
     max_total = min(limits.max_total_tokens or engine.max_context, engine.max_context)
     if len(ep.prompt_ids) >= max_total:
         raise PromptTooLongError(
@@ -254,7 +269,7 @@ async def _play(
             ep.finish = "token_budget"
             return
         turn_params = replace(params, n=1, max_new_tokens=budget, seed=_turn_seed(seed, index))
-        sample = (await engine.generate(ep.ids(), turn_params)).samples[0]
+        sample = (await shown.generate(engine, ep.ids(), turn_params, ep.images)).samples[0]
         ep.add_sample(sample, engine.version)
         text = _turn_text(tokenizer, sample, stop_ids)
         ep.messages.append({"role": "assistant", "content": text})
@@ -276,11 +291,19 @@ async def _play(
             return
         if index + 1 == limits.max_turns:
             break  # no next turn: the observation would never be read
-        obs = renderer.close_turn(sample.token_ids) + renderer.observation(result.observation)
+        closing = renderer.close_turn(sample.token_ids)
+        try:
+            observation = shown.normalize(result.observation)
+        except ImageError as exc:
+            return ep.fail(f"step {index} observation", exc)
+        placed: list[tuple[int, Image]] = []
+        at = len(ep.ids()) + len(closing)
+        obs = closing + shown.splice(renderer.observation(observation), observation, at, placed)
         if len(ep.ids()) + len(obs) >= max_total:
             ep.finish = "token_budget"
             return
-        ep.add_observation(obs, result.observation)
+        ep.images += placed
+        ep.add_observation(obs, loggable(observation))
     ep.finish = "max_turns"
 
 
@@ -307,6 +330,7 @@ async def run_episodes(
     group_size: int = 1,
     max_concurrency: int | None = None,
     parser: ToolCallParser = parse_tool_calls,
+    images: PromptImages | None = None,
 ) -> list[list[Trajectory]]:
     """Run `group_size` episodes per task concurrently against one engine.
 
@@ -331,7 +355,7 @@ async def run_episodes(
             try:
                 traj = await run_episode(
                     engine, env, tasks[i], tokenizer, params, limits, episode_seed,
-                    group_id=i, parser=parser,
+                    group_id=i, parser=parser, images=images,
                 )  # fmt: skip
             finally:
                 close_error = await _close(env)

@@ -13,26 +13,60 @@ from typing import Any
 
 from temper.data.base import Task
 from temper.engine.base import Engine, SamplingParams
-from temper.errors import PromptTooLongError
+from temper.errors import DataError, PromptTooLongError
 from temper.rollout.trajectory import Trajectory
+from temper.vision.images import Image, ImageError
+from temper.vision.prompting import PromptImages
 
 
 class PromptRenderer:
-    """Turns a Task into prompt token ids via the chat template."""
+    """Turns a Task into prompt token ids via the chat template.
 
-    def __init__(self, tokenizer: Any, system_prompt: str | None = None) -> None:
+    With ``vision`` (a vision-language model's `VisionProcessor`), prompts may
+    hold images: each placeholder the template writes is expanded into the
+    image's token run, and `render_images` returns the images in order (and
+    puts them in ``store``, the run's `ImageStore`, when given). A task with
+    images for a text-only model is refused with a `DataError`.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        system_prompt: str | None = None,
+        vision: Any | None = None,
+        store: Any | None = None,
+    ) -> None:
         self.tokenizer = tokenizer
         self.system_prompt = system_prompt
+        self.vision = vision
+        #: How images are normalised, spliced and kept (the store: the run's, if any).
+        self.images = PromptImages(vision, store)
 
     def render(self, task: Task) -> tuple[list[int], str]:
+        """Ids and text of the task's prompt (images are not stored: a look only)."""
+        ids, text, _ = self.render_images(task, keep=False)
+        return ids, text
+
+    def render_images(
+        self, task: Task, keep: bool = True
+    ) -> tuple[list[int], str, list[tuple[int, Image]]]:
+        """Ids, text and images of the task's prompt: ``(offset, image)`` pairs, the
+        offset where the image's token run starts (empty for text). ``keep`` puts
+        the images in the store (a prompt that will be trained on)."""
         messages = task.messages()
         if self.system_prompt and not any(m.get("role") == "system" for m in messages):
             messages = [{"role": "system", "content": self.system_prompt}, *messages]
+        try:
+            messages = self.images.normalize(messages)
+        except ImageError as exc:
+            raise DataError(f"task {task.id}: {exc}") from None
         text = self.tokenizer.apply_chat_template(
             messages, add_generation_prompt=True, tokenize=False
         )
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return list(ids), text
+        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        placed: list[tuple[int, Image]] = []
+        ids = self.images.splice(ids, messages, 0, placed, keep)
+        return ids, text, placed
 
 
 def check_prompt_fits(task: Task, prompt_ids: list[int], max_context: int) -> None:
@@ -56,8 +90,9 @@ async def rollout_group(
     prompt_text: str,
     params: SamplingParams,
     group_id: int,
+    images: list[tuple[int, Image]] | None = None,
 ) -> list[Trajectory]:
-    result = await engine.generate(prompt_ids, params)
+    result = await PromptImages().generate(engine, prompt_ids, params, images or [])
     trajs = []
     for sample in result.samples:
         n = len(sample.token_ids)
@@ -76,6 +111,7 @@ async def rollout_group(
                 response_text=tokenizer.decode(sample.token_ids, skip_special_tokens=True),
                 category=task.category,
                 answer=task.answer,
+                images=[[offset, im.sha256] for offset, im in images or []],
             )
         )
     return trajs
@@ -95,8 +131,8 @@ async def rollout_groups(
     """
     coros = []
     for i, task in enumerate(tasks):
-        ids, text = renderer.render(task)
+        ids, text, images = renderer.render_images(task)
         check_prompt_fits(task, ids, engine.max_context)
         p = params if seed is None else replace(params, seed=seed * 100003 + i)
-        coros.append(rollout_group(engine, renderer.tokenizer, task, ids, text, p, i))
+        coros.append(rollout_group(engine, renderer.tokenizer, task, ids, text, p, i, images))
     return list(await asyncio.gather(*coros))

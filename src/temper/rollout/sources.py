@@ -32,6 +32,7 @@ from temper.rollout.multi_turn import run_episodes
 from temper.rollout.scoring import score_trajectories
 from temper.rollout.single_turn import PromptRenderer, rollout_groups
 from temper.rollout.trajectory import Trajectory
+from temper.vision.prompting import PromptImages
 
 Groups = list[list[Trajectory]]
 
@@ -79,9 +80,12 @@ class EpisodeRollouts:
         limits: EpisodeLimits,
         reward: Reward | None = None,
         max_concurrency: int | None = None,
+        images: PromptImages | None = None,
     ) -> None:
         self.engine, self.spec, self.tokenizer = engine, spec, tokenizer
         self.limits, self.reward, self.max_concurrency = limits, reward, max_concurrency
+        #: A VLM's image handling (observations may show images); None: text only.
+        self.images = images
 
     async def groups(
         self, tasks: list[Task], params: SamplingParams, seed: int | None = None
@@ -98,6 +102,7 @@ class EpisodeRollouts:
                 seed,
                 group_size=params.n,
                 max_concurrency=self.max_concurrency,
+                images=self.images,
             )
         t1 = time.perf_counter()
         flat = [t for g in groups for t in g]

@@ -13,7 +13,8 @@ in `response_ids`, `turn_rewards[k]` its env reward (0.0 when the env gave
 none), `messages` the conversation as chat messages (for logs and judges),
 `env_info`/`env_metrics` the env's merged info and summed counters, and
 `env_error` the reason when the env failed, and `episode_seed` / `task` the
-seed and task the env was reset with (what `temper replay` needs). Single-turn trajectories keep the
+seed and task the env was reset with (what `temper replay` needs). `images`
+names the images the sequence shows, by content hash and token offset. Single-turn trajectories keep the
 defaults (one turn, nothing else). `answer` is the task's reference answer, when it has one.
 """
 
@@ -55,6 +56,10 @@ class Trajectory:
     trainer_logprobs: list[float] | None = None
     #: The task's reference answer (what `temper inspect` shows as the target).
     answer: str | None = None
+    #: Images, as ``[offset, sha256]`` pairs in order: the image's token run starts
+    #: at ``offset`` in ``prompt_ids + response_ids``. The pixels live in the run's
+    #: image store under the hash (`temper.vision.ImageStore`), once per run.
+    images: list[list[Any]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)
@@ -79,3 +84,20 @@ class Trajectory:
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
+
+    @property
+    def prompt_images(self) -> list[str]:
+        """Hashes of the images inside the prompt, in order."""
+        n = len(self.prompt_ids)
+        return [str(sha) for offset, sha in self.images if offset < n]
+
+    @property
+    def response_images(self) -> list[str]:
+        """Hashes of the images inside the response (observations), in order."""
+        n = len(self.prompt_ids)
+        return [str(sha) for offset, sha in self.images if offset >= n]
+
+    def prompt_key(self) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """What makes two prompts the same: their ids *and* their images (two
+        pictures give the same image-token ids, so ids alone would merge them)."""
+        return tuple(self.prompt_ids), tuple(self.prompt_images)

@@ -23,7 +23,7 @@ _EXPORTS = {
     "OpenAIServer": "temper.serve.openai_server",
     "create_app": "temper.serve.openai_server",
     "ServerHandle": "temper.serve.runner",
-    "run_server": "temper.serve.runner",
+    "run_server": "temper.serve.command",
     "serve_app_in_thread": "temper.serve.runner",
     "start_server": "temper.serve.runner",
 }

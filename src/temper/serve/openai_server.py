@@ -49,6 +49,8 @@ from temper.serve.grammar import Grammars
 from temper.serve.limits import CLOSE, BodyError, HTTPLimits, longest_token_chars, read_body
 from temper.serve.protocol import APIError
 from temper.serve.streaming import Chunks, chat_events, completion_events, merged, whole
+from temper.vision.images import Image, ImageError
+from temper.vision.prompting import PromptImages
 
 log = logging.getLogger(__name__)
 
@@ -59,9 +61,15 @@ _TOOL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|(?=<tool_call>)|\Z)",
 class OpenAIServer:
     """The request handlers: validation, rendering, generation, response building."""
 
-    def __init__(self, engine: Engine, tokenizer: Any, model_name: str) -> None:
+    def __init__(
+        self, engine: Engine, tokenizer: Any, model_name: str, vision: Any | None = None
+    ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
+        # Image content parts are taken when the model has an image processor and
+        # the engine takes images (`temper.vision`).
+        takes_images = vision is not None and engine.abilities.images
+        self.images = PromptImages(vision if takes_images else None)
         self.model_name = model_name
         self.created = int(time.time())
         # A text longer than this has at least max_context tokens: refused untokenized.
@@ -111,20 +119,28 @@ class OpenAIServer:
                 code="context_length_exceeded",
             )
 
-    async def _generate(self, ids: list[int], params: Any) -> GenerationResult:
+    async def _generate(
+        self, ids: list[int], params: Any, shown: list[tuple[int, Image]] | None = None
+    ) -> GenerationResult:
         try:
-            return await self.engine.generate(ids, params)
+            return await self.images.generate(self.engine, ids, params, shown or [])
         except (TemperError, ValueError) as exc:
             raise _refusal(exc) from None
 
     async def _stream(
-        self, prompts: list[list[int]], params: list[SamplingParams]
+        self,
+        prompts: list[list[int]],
+        params: list[SamplingParams],
+        shown: list[tuple[int, Image]] | None = None,
     ) -> AsyncIterator[tuple[int, TokenUpdate]]:
         """Updates of every prompt's generation, tagged with the prompt's index:
         token by token from a streaming engine, else each result whole. The
-        first update is awaited here, so an engine refusal is still a 4xx."""
+        first update is awaited here, so an engine refusal is still a 4xx.
+        A prompt with images (``shown``, one prompt) comes whole."""
         engine = self.engine
-        if engine.abilities.stream:
+        if shown:
+            streams = [self._whole_with_images(prompts[0], params[0], shown)]
+        elif engine.abilities.stream:
             streaming: StreamingEngine = engine  # type: ignore[assignment]
             streams = [
                 streaming.generate_stream(i, p) for i, p in zip(prompts, params, strict=True)
@@ -151,6 +167,11 @@ class OpenAIServer:
                 await updates.aclose()
 
         return chained()
+
+    async def _whole_with_images(
+        self, ids: list[int], params: SamplingParams, shown: list[tuple[int, Image]]
+    ) -> AsyncIterator[TokenUpdate]:
+        yield TokenUpdate(result=await self.images.generate(self.engine, ids, params, shown))
 
     def _text(self, sample: SampleOutput) -> str:
         """Decoded sample without special tokens, cut before a matched stop string."""
@@ -273,7 +294,7 @@ class OpenAIServer:
     async def chat(self, raw: bytes) -> dict[str, Any] | StreamingResponse:
         req: P.ChatRequest = P.parse_body(raw, P.ChatRequest)
         self._check_model(req.model)
-        messages = P.chat_messages(req)
+        messages = P.chat_messages(req, images=self.images.processor is not None)
         tools = P.chat_tools(req)
         want_logprobs, top = P.check_chat_logprobs(req)
         usage_chunk = P.include_usage(req)
@@ -289,17 +310,22 @@ class OpenAIServer:
                 param="messages",
             ) from None
         ids = self._encode(text, special=False, param="messages")
+        shown: list[tuple[int, Image]] = []
+        try:
+            ids = self.images.splice(ids, messages, 0, shown)
+        except ImageError as exc:
+            raise APIError(f"messages: {exc}", param="messages") from None
         self._check_fits(ids, "messages")
         params = P.sampling_params(
             req, len(ids), self.engine.max_context, top_logprobs=top, logits_processors=constraint
         )
         self._check_ids(list(params.stop_token_ids), "stop_token_ids")
         if req.stream:
-            updates = await self._stream([ids], [params])
+            updates = await self._stream([ids], [params], shown)
             chunks = Chunks(self._head("chatcmpl", "chat.completion.chunk"), usage_chunk)
             events = chat_events(self, updates, params, tools is not None, want_logprobs, chunks)
             return StreamingResponse(events, media_type="text/event-stream")
-        result = await self._generate(ids, params)
+        result = await self._generate(ids, params, shown)
         choices = []
         for i, sample in enumerate(result.samples):
             message, finish = self._message(sample, parse_tools=tools is not None)
@@ -430,15 +456,17 @@ def create_app(
     *,
     close_engine: bool = False,
     limits: HTTPLimits | None = None,
+    vision: Any | None = None,
 ) -> FastAPI:
-    """The FastAPI app serving ``engine`` as ``model_name``.
+    """The FastAPI app serving ``engine`` as ``model_name``; ``vision`` (a VLM's
+    `VisionProcessor`) lets chat messages carry image content parts.
 
     With ``close_engine`` the app awaits ``engine.close()`` at shutdown (on
     the server's loop, where the engine ran). Request bodies obey ``limits``
     (size: 413, time: 408; see `temper.serve.limits`). Errors are OpenAI-style
     JSON: 4xx for bad requests, 500 (logged with its traceback) for server bugs.
     """
-    server = OpenAIServer(engine, tokenizer, model_name)
+    server = OpenAIServer(engine, tokenizer, model_name, vision)
     limits = limits or HTTPLimits()
 
     @contextlib.asynccontextmanager

@@ -7,7 +7,8 @@ rendering, no generation and no HTTP; `temper.serve.openai_server` does.
 
 Unsupported OpenAI features are refused loudly (400 naming the parameter)
 rather than ignored: `logit_bias`, `echo`, `suffix`, `best_of` > n and
-non-text content parts. Numbers must be finite and in OpenAI's ranges.
+image content parts unless the model is a vision-language model. Numbers must
+be finite and in OpenAI's ranges.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from temper import safe_json
 from temper.engine.base import SamplingParams
+from temper.vision.images import ImageError, content_parts
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -196,22 +198,38 @@ def sampling_params(
     )
 
 
-def _text_content(content: Any, where: str) -> str | None:
-    """Message content as one string: a string, or a list of text parts joined."""
+def _text_content(content: Any, where: str, images: bool = False) -> str | list | None:
+    """Message content as one string (a string, or a list of text parts joined), or,
+    when ``images`` is allowed and the parts hold images, as canonical content parts."""
     if content is None or isinstance(content, str):
         return content
     if isinstance(content, list):
         parts = []
+        has_image = False
         for j, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else None
+            if kind in ("image_url", "image"):
+                if not images:
+                    raise APIError(
+                        f"{where}[{j}]: image content parts need a vision-language model; "
+                        "this server's model takes text only",
+                        param=f"{where}[{j}]",
+                    )
+                has_image = True
+                continue
             if kind != "text" or not isinstance(part.get("text"), str):
                 raise APIError(
-                    f"{where}[{j}]: only text content parts are supported, got type {kind!r}",
+                    f"{where}[{j}]: content parts must be text or image_url, got type {kind!r}",
                     param=f"{where}[{j}]",
                 )
             parts.append(part["text"])
-        return "".join(parts)
-    raise APIError(f"{where} must be a string or a list of text parts", param=where)
+        if not has_image:
+            return "".join(parts)
+        try:
+            return content_parts(content)
+        except ImageError as exc:
+            raise APIError(f"{where}: {exc}", param=where) from None
+    raise APIError(f"{where} must be a string or a list of content parts", param=where)
 
 
 def _check_tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
@@ -228,11 +246,13 @@ def _check_tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
     return calls
 
 
-def chat_messages(req: ChatRequest) -> list[dict[str, Any]]:
+def chat_messages(req: ChatRequest, images: bool = False) -> list[dict[str, Any]]:
     """The request's messages normalised for the chat template.
 
-    "developer" becomes "system"; text-part lists become strings; an assistant
-    message may have no content when it has tool calls.
+    "developer" becomes "system"; text-part lists become strings; with
+    ``images`` (a vision-language model), parts holding images stay parts, each
+    image decoded (`temper.vision.content_parts`); an assistant message may
+    have no content when it has tool calls.
     """
     if not req.messages:
         raise APIError("messages must be a non-empty list", param="messages")
@@ -247,7 +267,7 @@ def chat_messages(req: ChatRequest) -> list[dict[str, Any]]:
                 f"{where}.role must be one of {', '.join(ROLES)}, got {msg.get('role')!r}",
                 param=f"{where}.role",
             )
-        content = _text_content(msg.get("content"), f"{where}.content")
+        content = _text_content(msg.get("content"), f"{where}.content", images)
         item: dict[str, Any] = {"role": role, "content": content}
         if role == "assistant":
             if msg.get("tool_calls"):

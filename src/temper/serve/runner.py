@@ -6,7 +6,9 @@ its own event loop and returns a `ServerHandle` (base URL, `stop()`). The
 engine is driven from that loop only: the native engine runs on one event
 loop at a time, so do not call the same engine from another running loop
 while the server is up (after `stop()` it can be used elsewhere again).
-`run_server(...)` is the blocking entry point of `temper serve`.
+The blocking entry point of `temper serve` is `temper.serve.command.run_server`
+(kept apart: it builds the engine through `temper.orchestrator.build`, which
+imports the reward-model client, which imports this module).
 """
 
 from __future__ import annotations
@@ -135,6 +137,7 @@ def start_server(
     model_name: str = "temper",
     close_engine: bool = False,
     limits: HTTPLimits | None = None,
+    vision: Any | None = None,
 ) -> ServerHandle:
     """Serve ``engine`` on ``host:port`` (0 = a free port) from a background thread.
 
@@ -143,46 +146,7 @@ def start_server(
     stops, otherwise the caller keeps it (and may use it again after `stop()`).
     ``limits``: body size and read timeouts (`temper.serve.limits.HTTPLimits`).
     """
-    app = create_app(engine, tokenizer, model_name, close_engine=close_engine, limits=limits)
+    app = create_app(
+        engine, tokenizer, model_name, close_engine=close_engine, limits=limits, vision=vision
+    )
     return serve_app_in_thread(app, host, port, limits=limits)
-
-
-def run_server(
-    model: str = "tiny",
-    engine_type: str = "native",
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    *,
-    model_name: str | None = None,
-    limits: HTTPLimits | None = None,
-) -> None:
-    """Load ``model`` (a path or "tiny"), build the engine and serve until Ctrl-C.
-
-    The port is bound before the model loads, so a busy port fails at once.
-    """
-    import uvicorn
-
-    from temper.config import config_from_dict
-    from temper.models import load_tokenizer, resolve_model_path
-    from temper.orchestrator.build import build_engine
-
-    sock = _bind(host, port)
-    try:
-        cfg = config_from_dict({"model": {"path": model}, "engine": {"type": engine_type}})
-        tokenizer = load_tokenizer(model)
-        engine = build_engine(cfg, str(resolve_model_path(model)), tokenizer)
-    except BaseException:
-        sock.close()
-        raise
-    name = model_name or model
-    limits = limits or HTTPLimits()
-    app = create_app(engine, tokenizer, name, close_engine=True, limits=limits)
-    bound = sock.getsockname()[1]
-    print(f"temper serve: {name} ({engine_type} engine) at http://{host}:{bound}/v1", flush=True)
-    config = uvicorn_config(app, limits, log_level="info", timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
-    server.run(sockets=[sock])
-    if server.should_exit:
-        # A shutdown signal (Ctrl-C, SIGTERM) stopped it. uvicorn re-raises the
-        # signal only when its handler saw it; report an interrupt either way.
-        raise KeyboardInterrupt

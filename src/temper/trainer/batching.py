@@ -23,11 +23,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 import torch
 
 from temper.rollout.trajectory import Trajectory
+
+#: Image hashes in order -> the model's image inputs for them, concatenated
+#: (e.g. ``{"pixel_values": [k, 3, H, W]}``); see `temper.vision.inputs`.
+PixelSource = Callable[[Sequence[str]], dict[str, torch.Tensor]]
 
 
 def plan_micro_batches(
@@ -38,7 +43,7 @@ def plan_micro_batches(
     Optimal over the ways to cut the length-sorted row order into contiguous
     micro-batches (see the module docstring); O(rows x rows per micro-batch).
     """
-    keys = [tuple(t.prompt_ids) for t in trajs]
+    keys = [t.prompt_key() for t in trajs]
     # Ties are broken by content, not position: the same rows in another order (groups
     # finish in a timing-dependent order) get the same micro-batches, hence the same
     # float results; equal lengths with the same prompt stay side by side.
@@ -90,6 +95,10 @@ class MicroBatch:
     advantages: torch.Tensor
     behaviour_logprobs: torch.Tensor
     indices: list[int]
+    #: Image inputs of the distinct prompts' images, then of the responses' images
+    #: (multi-turn observations), each in row-major token order ({} for text).
+    prompt_pixels: dict[str, torch.Tensor] = field(default_factory=dict)
+    response_pixels: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def targets(self) -> torch.Tensor:
@@ -99,11 +108,13 @@ class MicroBatch:
         """The same micro-batch with its tensors on ``device`` (itself on CPU)."""
         if device.type == "cpu":
             return self
-        moved = {
+        moved: dict[str, object] = {
             f.name: getattr(self, f.name).to(device)
             for f in dataclasses.fields(self)
             if isinstance(getattr(self, f.name), torch.Tensor)
         }
+        for name in ("prompt_pixels", "response_pixels"):
+            moved[name] = {k: v.to(device) for k, v in getattr(self, name).items()}
         return dataclasses.replace(self, **moved)
 
 
@@ -117,18 +128,26 @@ def _right_padded(seqs: list[list[int]], pad: int) -> tuple[torch.Tensor, torch.
     return ids, mask
 
 
-def collate(trajs: list[Trajectory], indices: list[int], pad_id: int) -> MicroBatch:
-    """The `MicroBatch` of rows ``indices`` of ``trajs``."""
+def collate(
+    trajs: list[Trajectory], indices: list[int], pad_id: int, pixels: PixelSource | None = None
+) -> MicroBatch:
+    """The `MicroBatch` of rows ``indices`` of ``trajs``; ``pixels`` gives image inputs
+    (needed only when a row holds images)."""
     seqs = [trajs[i] for i in indices]
-    slot: dict[tuple[int, ...], int] = {}
+    slot: dict[tuple, int] = {}
     prompts: list[list[int]] = []
+    prompt_images: list[str] = []
     prompt_index = []
     for t in seqs:
-        key = tuple(t.prompt_ids)
+        key = t.prompt_key()
         if key not in slot:
             slot[key] = len(prompts)
             prompts.append(t.prompt_ids)
+            prompt_images.extend(key[1])
         prompt_index.append(slot[key])
+    response_images = [sha for t in seqs for sha in t.response_images]
+    if (prompt_images or response_images) and pixels is None:
+        raise ValueError("these trajectories hold images: collate needs a pixel source")
     prompt_ids, prompt_mask = _right_padded(prompts, pad_id)
     response_ids, response_mask = _right_padded([t.response_ids for t in seqs], pad_id)
     shape = response_ids.shape
@@ -151,4 +170,6 @@ def collate(trajs: list[Trajectory], indices: list[int], pad_id: int) -> MicroBa
         advantages=advantages,
         behaviour_logprobs=behaviour,
         indices=list(indices),
+        prompt_pixels=pixels(prompt_images) if prompt_images and pixels else {},
+        response_pixels=pixels(response_images) if response_images and pixels else {},
     )

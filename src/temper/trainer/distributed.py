@@ -285,14 +285,25 @@ def build_trainer(cfg: Any, model: torch.nn.Module, model_path: str, pad_id: int
     from temper.devices import resolve_device
     from temper.models import load_model, resolve_model_path
     from temper.trainer.policy_trainer import PolicyTrainer
+    from temper.vision.processor import pixel_source, vision_for
+    from temper.vision.store import run_image_store
 
     ref_path = str(resolve_model_path(cfg.model.path)) if cfg.algo.kl_coef > 0 else None
     steps = cfg.orchestrator.steps
+    vision = vision_for(str(resolve_model_path(cfg.model.path)))
     if cfg.trainer.world_size > 1:
+        if vision is not None:
+            raise ConfigError(
+                "trainer.world_size > 1 trains text models only so far; a vision-language "
+                "model trains at world_size = 1"
+            )
         return DistributedTrainer(
             model, model_path, cfg.trainer, cfg.algo, steps, pad_id, ref_path=ref_path
         )
     device = resolve_device(cfg.trainer.device, "trainer.device")
     model.to(device)
     ref = load_model(ref_path, dtype=torch.float32).to(device) if ref_path else None
-    return PolicyTrainer(model, cfg.trainer, cfg.algo, steps, pad_id=pad_id, ref_model=ref)
+    pixels = pixel_source(vision, run_image_store(cfg)) if vision is not None else None
+    return PolicyTrainer(
+        model, cfg.trainer, cfg.algo, steps, pad_id=pad_id, ref_model=ref, pixels=pixels
+    )

@@ -9,6 +9,12 @@ are explicit (a response continues at its prompt's true length, past the
 prompt padding) and the attention mask hides the padding, so the logits equal
 those of the plain ``prompt + response`` forward up to float rounding.
 
+Vision-language models get their image inputs in the same two calls: the
+prompts' images with the prompt pass, the images of multi-turn observations
+with the response pass (`MicroBatch.prompt_pixels` / `response_pixels`). HF VLMs
+fill image-token positions with image features in row-major order, which is
+the order `collate` concatenates them in.
+
 It needs a model whose forward takes a key/value cache and ``position_ids`` and
 returns a `transformers` `DynamicCache` (Llama, Qwen2/3, Mistral and most decoder
 LMs). transformers 5.20 renamed the cache argument and output from
@@ -29,7 +35,9 @@ from temper.trainer.batching import MicroBatch
 def response_logits(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
     """Float32 logits ``[B, R, vocab]``; position j predicts response token j."""
     r = mb.response_ids.shape[1]
-    out = model(input_ids=mb.prompt_ids, attention_mask=mb.prompt_mask, use_cache=r > 1)
+    out = model(
+        input_ids=mb.prompt_ids, attention_mask=mb.prompt_mask, use_cache=r > 1, **mb.prompt_pixels
+    )
     n_prompts = mb.prompt_ids.shape[0]
     last = out.logits[torch.arange(n_prompts), mb.prompt_lengths - 1]  # [Np, V]
     first = last.index_select(0, mb.prompt_index).unsqueeze(1)  # [B, 1, V]
@@ -46,6 +54,9 @@ def response_logits(model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
         position_ids=positions,
         use_cache=True,
         **{_cache_argument(type(model)): cache},
+        # The last response token is not fed, but it is never part of an image
+        # run (a generation prompt follows every observation), so all images are.
+        **mb.response_pixels,
     ).logits
     return torch.cat((first, rest), dim=1).float()
 

@@ -37,7 +37,7 @@ from temper.algos.off_policy import importance_weights
 from temper.config.schema import AlgoConfig, TrainerConfig
 from temper.devices import trainer_precision
 from temper.rollout.trajectory import Trajectory
-from temper.trainer.batching import MicroBatch, collate, plan_micro_batches
+from temper.trainer.batching import MicroBatch, PixelSource, collate, plan_micro_batches
 from temper.trainer.forward import response_logits
 from temper.trainer.optim import build_optimizer
 
@@ -75,8 +75,13 @@ class PolicyTrainer:
         total_steps: int,
         pad_id: int,
         ref_model: torch.nn.Module | None = None,
+        pixels: PixelSource | None = None,
     ) -> None:
         self.model = model
+        #: Image inputs by hash, for trajectories that hold images (VLMs).
+        self.pixels = pixels
+        if cfg.freeze_vision_tower:
+            freeze_vision_tower(model)
         # Where the model is (build_trainer put it on the configured device).
         self.device = next(model.parameters()).device
         self.precision = trainer_precision(cfg.precision, self.device)
@@ -125,7 +130,7 @@ class PolicyTrainer:
         )
 
     def _collate(self, trajs: list[Trajectory], rows: list[int]) -> MicroBatch:
-        return collate(trajs, rows, self.pad_id).to(self.device)
+        return collate(trajs, rows, self.pad_id, self.pixels).to(self.device)
 
     def _reduce_sums(self, acc: dict[str, float]) -> dict[str, float]:
         """Combine per-process metric sums (``*_max`` keys by max); local: unchanged."""
@@ -319,3 +324,25 @@ def _stack_rows(rows: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
         n = min(row.shape[0], like.shape[1])
         out[r, :n] = row[:n]
     return out.to(like.device)
+
+
+#: Parameter-name prefixes of HF vision encoders (LLaVA, Qwen2-VL, Idefics3/SmolVLM).
+VISION_TOWER_PREFIXES = (
+    "model.vision_tower.",
+    "vision_tower.",
+    "model.visual.",
+    "visual.",
+    "model.vision_model.",
+    "vision_model.",
+)
+
+
+def freeze_vision_tower(model: torch.nn.Module) -> int:
+    """Stop gradients into a VLM's vision encoder; returns how many tensors it froze
+    (0 for a text model). The optimizer is built after, so it never holds them."""
+    frozen = 0
+    for name, param in model.named_parameters():
+        if name.startswith(VISION_TOWER_PREFIXES):
+            param.requires_grad_(False)
+            frozen += 1
+    return frozen

@@ -43,6 +43,7 @@ class RolloutWorker:
         from temper import compute
         from temper.models import load_tokenizer
         from temper.orchestrator.build import build_engine, build_rollouts
+        from temper.vision.store import run_image_store
         from temper.weights.shm_ring import SharedMemoryRingTransport
 
         # Workers share the machine's cores: torch teams bigger than a worker's share
@@ -53,7 +54,7 @@ class RolloutWorker:
         compute.set_threads(cfg.run.threads or share)
         self.tokenizer = load_tokenizer(model_path)
         self.engine = build_engine(cfg, model_path, self.tokenizer)
-        self.rollouts = build_rollouts(cfg, self.engine, self.tokenizer)
+        self.rollouts = build_rollouts(cfg, self.engine, self.tokenizer, run_image_store(cfg))
         self.ring = SharedMemoryRingTransport(ring_root) if ring_root else None
         latest = self.ring.latest_version() if self.ring is not None else None
         # What TRL reward functions see as trainer_state: the weight version is the
