@@ -372,6 +372,12 @@ class SyncOrchestrator:
         ) as progress:
             self.guard.start(self.start_step, self.run_dir, progress)
             if cfg.eval.at_start and self.start_step == 0:
+                # Said before it starts: on a slow engine (HF, a VLM) the first eval can
+                # take minutes, and a run that prints nothing looks like one that hangs.
+                n = min(len(self.eval_tasks), cfg.eval.size or len(self.eval_tasks))
+                progress.log(
+                    f"eval step 0: {n} held-out tasks (greedy, then {cfg.eval.k} samples each)..."
+                )
                 last_eval = await self.evaluate(0)
                 progress.log(_eval_line(0, last_eval))
                 self.health.observe_eval(0, last_eval.get("accuracy", 0.0))
