@@ -3,8 +3,8 @@ are already expanded (vLLM expands one placeholder per image itself)."""
 
 import pytest
 
-from temper.engine.vllm_engine import collapse_image_runs
-from temper.errors import TemperError
+from temper.vision.images import ImageError
+from temper.vision.processor import collapse_image_runs
 
 IMG = 9  # the image token
 
@@ -26,7 +26,7 @@ def test_back_to_back_images_split_evenly():
 
 
 def test_runs_that_cannot_be_told_apart_are_refused():
-    with pytest.raises(TemperError, match="cannot tell 2 image"):
+    with pytest.raises(ImageError, match="cannot tell 2 image"):
         collapse_image_runs([1, IMG, IMG, IMG, 2], IMG, 2)
-    with pytest.raises(TemperError, match="names no image token"):
+    with pytest.raises(ImageError, match="names no image token"):
         collapse_image_runs([1], None, 1)

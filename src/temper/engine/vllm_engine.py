@@ -58,6 +58,7 @@ from temper.engine.base import (
 from temper.engine.requests import StopChecker, validate_prompt
 from temper.errors import ConfigError, TemperError
 from temper.vision.images import Image
+from temper.vision.processor import collapse_image_runs
 from temper.weights.transport import WeightTransport
 
 #: Most vLLM steps per hand-off to the compute thread.
@@ -559,36 +560,3 @@ def _eos_ids(hf_config: Any, tokenizer: Any) -> set[int]:
 
 
 __all__ = ["VLLMEngine", "vllm_available"]
-
-
-def collapse_image_runs(ids: list[int], image_token_id: int | None, images: int) -> list[int]:
-    """``ids`` with each image's run of image tokens cut to one placeholder token.
-
-    Runs are maximal stretches of the image token. When two images sit back to
-    back (one stretch), the stretch splits evenly: LLaVA-style models give every
-    image the same number of tokens. Anything else is refused.
-    """
-    if image_token_id is None:
-        raise TemperError("this vLLM model names no image token")
-    runs: list[int] = []  # lengths of the stretches, in order
-    out: list[int] = []
-    for t in ids:
-        if t == image_token_id and out and out[-1] == image_token_id and runs:
-            runs[-1] += 1
-            continue
-        if t == image_token_id:
-            runs.append(1)
-        out.append(t)
-    if len(runs) == images:
-        return out
-    total = sum(runs)
-    if images and total % images == 0:
-        each = total // images
-        if all(r % each == 0 for r in runs):
-            expanded: list[int] = []
-            k = 0
-            for t in out:
-                expanded.extend([t] * (runs[k] // each) if t == image_token_id else [t])
-                k += t == image_token_id
-            return expanded
-    raise TemperError(f"cannot tell {images} image(s) apart in {len(runs)} run(s) of image tokens")
