@@ -34,7 +34,7 @@ def _error_line(capsys, argv: list[str]) -> str:
 def test_unknown_suite_and_missing_data_are_one_line_errors(capsys, tmp_path):
     err = _error_line(capsys, ["eval", "--suite", "mmlu"])
     assert err == (
-        "temper: error: unknown eval suite 'mmlu'; choose one of builtin, gsm8k, humaneval, bfcl, miniwob"
+        "temper: error: unknown eval suite 'mmlu'; choose one of builtin, gsm8k, humaneval, bfcl, miniwob, vision"
     )
     missing = tmp_path / "nope.jsonl"
     err = _error_line(capsys, ["eval", "--suite", "gsm8k", "--suite-path", str(missing)])
@@ -121,3 +121,16 @@ def test_humaneval_suite_scores_a_correct_solution_in_the_sandbox():
         finally:
             suite.close()
         assert result["accuracy"] == expected
+
+
+def test_vision_suite_on_the_tiny_vlm(tmp_path, capsys):
+    out = tmp_path / "vision.json"
+    argv = ["eval", "--suite", "vision", "--model.path=tiny_vlm", "--engine.type=hf"]
+    assert main([*argv, f"--out={out}", "--eval.size=8", "--eval.k=2"]) == 0
+    result = json.loads(out.read_text())
+    assert result["suite"] == "vision" and result["n_tasks"] == 8
+    assert set(result["by_category"]) <= {"count", "number", "redder", "same_colour"}
+    assert 0.0 <= result["accuracy"] <= 1.0 and result["n_prompt_too_long"] == 0
+    # A text model cannot see the pictures: one line, exit 2, before any generation.
+    err = _error_line(capsys, ["eval", "--suite", "vision", "--eval.size=8"])
+    assert err.startswith("temper: error: eval suite vision needs a vision-language model")

@@ -221,8 +221,9 @@ def _parser() -> argparse.ArgumentParser:
     e.add_argument(
         "--suite",
         default="builtin",
-        help="builtin (held-out split of the config's task/env), gsm8k, humaneval, bfcl or "
-        "miniwob (held-out MiniWoB++ instances in headless Chromium)",
+        help="builtin (held-out split of the config's task/env), gsm8k, humaneval, bfcl, "
+        "miniwob (held-out MiniWoB++ instances in headless Chromium) or vision (held-out "
+        "visual tasks; needs a vision-language model)",
     )
     e.add_argument("--suite-path", help="data file/folder for the gsm8k or bfcl suite")
     g = sub.add_parser("generate", help="sample completions for a prompt")

@@ -12,6 +12,10 @@
   ``miniwob`` env; the config's env options when ``env.type = "miniwob"``,
   else its defaults), scored by each task's own JavaScript reward; a task
   whose first page does not fit the context counts as wrong.
+- ``vision``: held-out procedural visual tasks (`temper.data.visual`: count,
+  number, redder, same_colour; the config's kinds and eval size when
+  ``data.type = "visual"``), single-turn, answers checked exactly. Needs a
+  vision-language model on an engine that takes images.
 
 `check_suite` does the cheap availability checks (a missing file, an
 unknown name) before any model is loaded; `build_suite` makes the rollout
@@ -35,7 +39,7 @@ from temper.errors import ConfigError, DataError, PromptTooLongError
 from temper.rollout.sources import RolloutSource
 from temper.rollout.trajectory import Trajectory
 
-SUITES = ("builtin", "gsm8k", "humaneval", "bfcl", "miniwob")
+SUITES = ("builtin", "gsm8k", "humaneval", "bfcl", "miniwob", "vision")
 #: The GSM8K test file, relative to the repository root.
 GSM8K_DEFAULT = Path("../shared/data/gsm8k/test.jsonl")
 #: Used for gsm8k when `data.system_prompt` is unset: math-verify reads `\boxed{}`.
@@ -216,6 +220,8 @@ def build_suite(cfg: Config, plan: SuitePlan, engine: Any, tokenizer: Any) -> Su
         return _humaneval(cfg, engine, tokenizer)
     if plan.name == "miniwob":
         return _miniwob(cfg, engine, tokenizer)
+    if plan.name == "vision":
+        return _vision(cfg, engine, tokenizer)
     return _bfcl(cfg, plan, engine, tokenizer)
 
 
@@ -282,6 +288,28 @@ def _miniwob(cfg: Config, engine: Any, tokenizer: Any) -> SuiteRollouts:
     limits = suite_cfg.env.limits
     room = min(limits.max_total_tokens or engine.max_context, engine.max_context)
     return SuiteRollouts(EpisodeFitRollouts(r.source, room), list(r.heldout), r.close)
+
+
+def _vision(cfg: Config, engine: Any, tokenizer: Any) -> SuiteRollouts:
+    """Held-out visual tasks, single-turn, scored by exact match of the boxed answer."""
+    from temper.orchestrator.build import build_rollouts
+
+    if not engine.abilities.images:
+        raise ConfigError(
+            f"eval suite vision needs a vision-language model on an engine that takes images; "
+            f"{type(engine).__name__} with model {cfg.model.path!r} takes none"
+        )
+    suite_cfg = cfg.model_copy(deep=True)
+    suite_cfg.env = type(cfg.env)()  # single-turn
+    data = cfg.data if cfg.data.type == "visual" else type(cfg.data)(type="visual")
+    suite_cfg.data = data.model_copy(update={"type": "visual"})
+    # Eval measures correctness: no reward-hacking gates, no shaping.
+    suite_cfg.reward = type(cfg.reward)(components=[{"type": "exact"}], filters=[])
+    r = build_rollouts(suite_cfg, engine, tokenizer)
+    renderer = r.renderer
+    assert renderer is not None
+    source = ContextFitRollouts(r.source, lambda t: len(renderer.render(t)[0]), engine.max_context)
+    return SuiteRollouts(source, list(r.heldout), r.close)
 
 
 def _bfcl(cfg: Config, plan: SuitePlan, engine: Any, tokenizer: Any) -> SuiteRollouts:
