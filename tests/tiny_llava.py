@@ -93,3 +93,23 @@ def picture(seed: int, size: tuple[int, int] = (40, 30)):
         x, y = rng.randrange(size[0] - 8), rng.randrange(size[1] - 8)
         draw.rectangle((x, y, x + 8, y + 8), fill=tuple(rng.randrange(256) for _ in range(3)))
     return im
+
+
+def assert_trainer_matches_engine(model, trajs, vision, store):
+    """The trainer's forward over the stored ids and images gives back each trajectory's
+    logprobs of its sampled tokens (fp32 parity); returns the collated micro-batch."""
+    from fp32 import ENGINE_PARITY
+    from temper.trainer.batching import collate
+    from temper.trainer.forward import response_logits
+    from temper.vision.processor import pixel_source
+
+    mb = collate(trajs, list(range(len(trajs))), pad_id=0, pixels=pixel_source(vision, store))
+    with torch.no_grad():
+        logits = response_logits(model, mb)
+    logprobs = torch.log_softmax(logits, -1).gather(2, mb.response_ids.unsqueeze(-1)).squeeze(-1)
+    for row, t in enumerate(trajs):
+        sampled = torch.tensor(t.loss_mask, dtype=torch.bool)
+        got = logprobs[row, : len(t.response_ids)][sampled]
+        want = torch.tensor(t.behaviour_logprobs)[sampled]
+        torch.testing.assert_close(got, want, **ENGINE_PARITY)
+    return mb

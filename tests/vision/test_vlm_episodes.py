@@ -8,20 +8,16 @@ import asyncio
 from typing import ClassVar
 
 import pytest
-import torch
 
-from fp32 import ENGINE_PARITY
 from temper.data.base import Task
 from temper.engine.base import SamplingParams
 from temper.engine.hf import HFEngine
 from temper.envs.base import AssistantTurn, EpisodeLimits, StepResult
 from temper.rollout.multi_turn import run_episodes
-from temper.trainer.batching import collate
-from temper.trainer.forward import response_logits
 from temper.vision import ImageStore
-from temper.vision.processor import VisionProcessor, pixel_source
+from temper.vision.processor import VisionProcessor
 from temper.vision.prompting import PromptImages
-from tiny_llava import picture
+from tiny_llava import assert_trainer_matches_engine, picture
 
 
 class PictureEnv:
@@ -111,16 +107,8 @@ def test_image_observations_train_on_what_the_engine_saw(vlm, tmp_path):
         assert [p["sha256"] for p in image_parts] == [sha for _, sha in t.images]
     # Each distinct picture stored once (the episodes' seeds overlap in one picture).
     assert len(store) == len({sha for t in trajs for _, sha in t.images}) == 3
-    mb = collate(trajs, [0, 1], pad_id=0, pixels=pixel_source(vision, store))
+    mb = assert_trainer_matches_engine(model, trajs, vision, store)
     assert mb.response_pixels["pixel_values"].shape[0] == 4  # 2 observation images per row
-    with torch.no_grad():
-        logits = response_logits(model, mb)
-    logprobs = torch.log_softmax(logits, -1).gather(2, mb.response_ids.unsqueeze(-1)).squeeze(-1)
-    for row, t in enumerate(trajs):
-        sampled = torch.tensor(t.loss_mask, dtype=torch.bool)
-        got = logprobs[row, : len(t.response_ids)][sampled]
-        want = torch.tensor(t.behaviour_logprobs)[sampled]
-        torch.testing.assert_close(got, want, **ENGINE_PARITY)
 
 
 def test_an_unreadable_observation_image_ends_the_episode_as_an_env_error(vlm, tmp_path):

@@ -7,17 +7,13 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-import torch
 
-from fp32 import ENGINE_PARITY
 from temper.data.base import Task
 from temper.engine.base import SamplingParams
 from temper.rollout.single_turn import PromptRenderer, rollout_groups
-from temper.trainer.batching import collate
-from temper.trainer.forward import response_logits
 from temper.vision import ImageStore, load_image
-from temper.vision.processor import VisionProcessor, pixel_source
-from tiny_llava import picture
+from temper.vision.processor import VisionProcessor
+from tiny_llava import assert_trainer_matches_engine, picture
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
@@ -67,12 +63,4 @@ def test_vllm_samples_from_what_the_trainer_sees(tmp_path):
     for seed in (1, 2):
         store.put(load_image(picture(seed)))
     model = LlavaForConditionalGeneration.from_pretrained(llava_path).eval()
-    mb = collate(trajs, list(range(len(trajs))), pad_id=0, pixels=pixel_source(vision, store))
-    with torch.no_grad():
-        logits = response_logits(model, mb)
-    logprobs = torch.log_softmax(logits, -1).gather(2, mb.response_ids.unsqueeze(-1)).squeeze(-1)
-    for row, t in enumerate(trajs):
-        n = len(t.response_ids)
-        torch.testing.assert_close(
-            logprobs[row, :n], torch.tensor(t.behaviour_logprobs), **ENGINE_PARITY
-        )
+    assert_trainer_matches_engine(model, trajs, vision, store)

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from temper.errors import ConfigError
+from temper.processes import pid_alive
 
 T = TypeVar("T")
 
@@ -84,16 +85,6 @@ def find_chromium(path: str | None = None) -> str:
     )
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _owner_of(profile_name: str) -> int | None:
     """The owner pid encoded in a profile directory name, or None."""
     rest = profile_name[len(PROFILE_PREFIX) :]
@@ -123,14 +114,14 @@ def sweep_orphans() -> int:
         for arg in cmdline.split():
             if arg.startswith("--user-data-dir="):
                 owner = _owner_of(Path(arg.split("=", 1)[1]).name)
-                if owner is not None and owner != os.getpid() and not _pid_alive(owner):
+                if owner is not None and owner != os.getpid() and not pid_alive(owner):
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(pid, signal.SIGKILL)
                         killed += 1
     tmp = Path(tempfile.gettempdir())
     for profile in tmp.glob(f"{PROFILE_PREFIX}*"):
         owner = _owner_of(profile.name)
-        if owner is not None and owner != os.getpid() and not _pid_alive(owner):
+        if owner is not None and owner != os.getpid() and not pid_alive(owner):
             shutil.rmtree(profile, ignore_errors=True)
     return killed
 

@@ -41,6 +41,7 @@ from temper.errors import ConfigError
 from temper.orchestrator.backend import Rollouts
 from temper.orchestrator.remote.pool import WorkerPool
 from temper.orchestrator.remote.process import WorkerSpec
+from temper.processes import pid_alive
 from temper.rollout.sources import Groups
 from temper.rollout.trajectory import Trajectory
 from temper.weights.shm_ring import SharedMemoryRingTransport
@@ -225,19 +226,9 @@ def _ring_root(run_name: str) -> Path:
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", run_name)
     for old in base.glob(f"temper-ring-{safe}-*"):
         pid = old.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not _alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):
             shutil.rmtree(old, ignore_errors=True)  # left by a run that was SIGKILLed
     return base / f"temper-ring-{safe}-{os.getpid()}"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 @atexit.register
