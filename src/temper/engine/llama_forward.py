@@ -34,6 +34,10 @@ _STATIC_ROPE = ("default", "linear", "llama3", "yarn")
 _CAPPED_ROPE = ("dynamic", "longrope")
 
 
+#: Input embeddings to write over token embeddings: (prompt row, position, rows [n, hidden]).
+Splice = tuple[int, int, torch.Tensor]
+
+
 class UnsupportedModelError(TemperError):
     """A model the native engine cannot run."""
 
@@ -216,6 +220,13 @@ class LlamaFamilyModel:
     def _logits(self, h: torch.Tensor) -> torch.Tensor:
         return _linear(self._rms(h, self.final_norm), self.lm_head, None).float()
 
+    def splice(self, x: torch.Tensor, embeds: Sequence[Splice]) -> torch.Tensor:
+        """``x [P, L, hidden]`` with ``rows`` written at ``x[p, start:]`` for each
+        ``(p, start, rows)``: how image features enter a LLaVA-style language model."""
+        for p, start, rows in embeds:
+            x[p, start : start + rows.shape[0]] = rows.to(x.dtype)
+        return x
+
     def prefill(
         self,
         token_ids: torch.Tensor,
@@ -223,18 +234,20 @@ class LlamaFamilyModel:
         cache: SlotKVCache,
         dst_rows: torch.Tensor,
         src_rows: torch.Tensor | None = None,
+        embeds: Sequence[Splice] = (),
     ) -> torch.Tensor:
         """Run right-padded prompts ``[P, L]`` and write their keys/values to the cache.
 
         Row ``dst_rows[j]`` of the cache receives prompt ``src_rows[j]`` (default
-        ``j``). Returns float32 logits ``[P, vocab]`` at each prompt's last real
+        ``j``). ``embeds`` replace token embeddings (images, see `splice`).
+        Returns float32 logits ``[P, vocab]`` at each prompt's last real
         position (``lengths - 1``). Padding sits after each prompt, so causal
         attention keeps it out of the real positions; its cache entries lie
         beyond the row length and stay masked.
         """
         n, length = token_ids.shape
         h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
-        x = F.embedding(token_ids, self.embed)
+        x = self.splice(F.embedding(token_ids, self.embed), embeds)
         rope = self.rope[:length].view(1, length, 1, d // 2)
         rows = torch.arange(n, device=x.device)
         for i, layer in enumerate(self.layers):
@@ -287,9 +300,11 @@ class LlamaFamilyModel:
         lengths: torch.Tensor,
         cache: SlotKVCache,
         rows: list[torch.Tensor],
+        embeds: Sequence[Splice] = (),
     ) -> torch.Tensor:
         """Run right-padded prompt *suffixes* ``[P, S]`` on top of keys already in the cache.
 
+        ``embeds`` (positions counted within the suffix) replace token embeddings.
         Suffix p sits at positions ``starts[p] ..``; cache rows ``rows[p]`` (one or
         more: the samples of one prompt) already hold positions ``0..starts[p]-1``
         and receive the suffix's keys/values. Each suffix token attends to its
@@ -307,7 +322,7 @@ class LlamaFamilyModel:
         mask = visible.unsqueeze(1)  # [P, 1, S, T]: key t is visible to query j
         first_rows = torch.stack([r[0] for r in rows])
         last = torch.arange(n, device=token_ids.device), lengths - 1
-        x = F.embedding(token_ids, self.embed)
+        x = self.splice(F.embedding(token_ids, self.embed), embeds)
         for i, layer in enumerate(self.layers):
             qkv = self._qkv(layer, x, rope)
             q = qkv[:, :, :h]

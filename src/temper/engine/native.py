@@ -65,6 +65,13 @@ from temper.engine.base import (
     SamplingParams,
     TokenUpdate,
 )
+from temper.engine.image_encoder import (
+    ImageEncoder,
+    is_vlm,
+    request_images,
+    split_vlm_state_dict,
+    text_model_of,
+)
 from temper.engine.llama_forward import LlamaFamilyModel
 from temper.engine.planning import attention_chunks
 from temper.engine.prefix_cache import PrefixCache
@@ -78,6 +85,8 @@ from temper.engine.requests import (
 from temper.engine.sampling import row_processors, stream_key
 from temper.engine.worker import EngineStats, Step, StepResult, StepRunner
 from temper.errors import ModelLoadError, TemperError
+from temper.vision.images import Image
+from temper.vision.processor import VisionProcessor
 from temper.weights.transport import WeightTransport
 
 __all__ = ["EngineStats", "NativeEngine"]
@@ -105,9 +114,13 @@ class NativeEngine(EngineDefaults):
     the shared generator used by unseeded requests. ``cpu_kernels`` allows the
     fused C decode-attention kernel (`temper.engine.cpu_kernels`) for float32 on
     CPU; without it, or where it cannot be built, decode runs in PyTorch ops.
-    """
 
-    abilities = EngineAbilities(weight_updates=True, release_memory=True, stream=True)
+    A LLaVA-style vision-language ``model`` needs ``vision``, its processor: the
+    engine then takes images (`temper.engine.image_encoder`), encodes each
+    distinct image once per weight version, and splices its features into the
+    prefill; the prefix cache and shared prefill match prompts by ids *and*
+    images.
+    """
 
     def __init__(
         self,
@@ -121,18 +134,42 @@ class NativeEngine(EngineDefaults):
         prefix_cache_mb: float = 256.0,
         seed: int | None = None,
         cpu_kernels: bool = True,
+        vision: VisionProcessor | None = None,
     ) -> None:
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         if max_slots < 1:
             raise ValueError(f"max_slots must be >= 1, got {max_slots}")
+        self._encoder: ImageEncoder | None = None
+        text_model = model
+        if is_vlm(model):
+            if vision is None:
+                raise ModelLoadError(
+                    f"{type(model).__name__} is a vision-language model: pass its processor "
+                    "(vision=VisionProcessor.from_pretrained(path))"
+                )
+            text_model = text_model_of(model)
         # Weight copies run on the compute thread, like every op on them (see `temper.compute`).
         self._model = compute.run(
             LlamaFamilyModel,  # type: ignore[arg-type]
-            model,
+            text_model,
             dtype=dtype,
             max_context=max_context,
             cpu_kernels=cpu_kernels,
+        )
+        if vision is not None and is_vlm(model):
+            self._encoder = compute.run(
+                ImageEncoder,  # type: ignore[arg-type]
+                model,
+                vision,
+                self._model.dtype,
+                self._model.device,
+            )
+        self.abilities = EngineAbilities(
+            weight_updates=True,
+            release_memory=True,
+            stream=True,
+            images=self._encoder is not None,
         )
         self.max_context: int = self._model.max_context
         self.max_slots = max_slots
@@ -172,6 +209,7 @@ class NativeEngine(EngineDefaults):
             events=lambda: self._events,
             max_prefill_tokens=max_prefill_tokens,
             prefix=PrefixCache(int(prefix_cache_mb * 2**20)) if prefix_cache_mb > 0 else None,
+            encoder=self._encoder,
         )
 
     @classmethod
@@ -183,21 +221,20 @@ class NativeEngine(EngineDefaults):
         load_tokenizer: bool = True,
         **opts: Any,
     ) -> NativeEngine:
-        """Load an HF model (and its tokenizer, if present) from ``path``."""
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        """Load an HF model (and its tokenizer and image processor, if present) from ``path``."""
+        from transformers import AutoTokenizer
+
+        from temper.models import load_model
 
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
-        try:
-            model = compute.run(
-                AutoModelForCausalLM.from_pretrained, str(path), dtype=dtype or torch.float32
-            )
-        except (OSError, ValueError) as e:
-            raise ModelLoadError(f"cannot load model from {path}: {e}") from e
+        model = compute.run(load_model, str(path), dtype=dtype or torch.float32)
         tokenizer = None
         if load_tokenizer:
             with contextlib.suppress(OSError, ValueError):
                 tokenizer = AutoTokenizer.from_pretrained(str(path))
+        if is_vlm(model):
+            opts.setdefault("vision", VisionProcessor.from_pretrained(path))
         return cls(model.eval(), tokenizer, dtype=dtype, **opts)
 
     # ------------------------------------------------------------------ public API
@@ -205,13 +242,17 @@ class NativeEngine(EngineDefaults):
         self,
         prompt_token_ids: Seq[int],
         params: SamplingParams,
+        images: Seq[Image] = (),
+        *,
         listener: Callable[[TokenUpdate], None] | None = None,
     ) -> GenerationResult:
         """Generate ``params.n`` samples continuing ``prompt_token_ids``.
 
-        Raises `PromptTooLongError` when the prompt leaves no room to generate,
-        and `TemperError` for other unusable input (empty prompt, ids outside
-        the vocabulary, n above ``max_slots``, stop strings without tokenizer).
+        ``images`` are the prompt's images in order (a VLM only); their token
+        runs are already in the ids. Raises `PromptTooLongError` when the prompt
+        leaves no room to generate, and `TemperError` for other unusable input
+        (empty prompt, ids outside the vocabulary, n above ``max_slots``, stop
+        strings without tokenizer, images that do not match the image tokens).
         ``listener`` (see `generate_stream`) gets each step's new tokens.
         """
         if self._closed:
@@ -221,11 +262,14 @@ class NativeEngine(EngineDefaults):
             raise TemperError(f"SamplingParams.n={params.n} exceeds max_slots={self.max_slots}")
         if params.stop_strings and self.tokenizer is None:
             raise TemperError("stop_strings need a tokenizer; pass one to NativeEngine")
+        shown = request_images(self._encoder, prompt, list(images))
         loop = self._ensure_driver()
         stop_ids = frozenset(params.stop_token_ids)
         if not params.ignore_eos:
             stop_ids |= self.eos_token_ids
-        request = Request(prompt, params, loop.create_future(), stop_ids, listener=listener)
+        request = Request(
+            prompt, params, loop.create_future(), stop_ids, listener=listener, **shown
+        )
         self._waiting.append(request)
         self._events += 1
         assert self._wake is not None
@@ -243,7 +287,9 @@ class NativeEngine(EngineDefaults):
         """`generate`, yielding each sample's new tokens after every engine call
         (one or more decode steps), then the result; see `StreamingEngine`."""
         queue: asyncio.Queue[TokenUpdate | None] = asyncio.Queue()
-        task = asyncio.ensure_future(self.generate(prompt_token_ids, params, queue.put_nowait))
+        task = asyncio.ensure_future(
+            self.generate(prompt_token_ids, params, listener=queue.put_nowait)
+        )
         task.add_done_callback(lambda _: queue.put_nowait(None))
         try:
             while (update := await queue.get()) is not None:
@@ -264,7 +310,13 @@ class NativeEngine(EngineDefaults):
 
     def _load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         with self._lock:
-            self._model.load_state_dict(state_dict)
+            if self._encoder is not None:
+                text, vision = split_vlm_state_dict(state_dict)
+                self._encoder.check_state_dict(vision)  # before any copy: all or nothing
+                self._model.load_state_dict(text)
+                self._encoder.load_state_dict(vision)  # also drops the cached features
+            else:
+                self._model.load_state_dict(state_dict)
             self.version = int(version)
             if self._runner.prefix is not None:
                 self._runner.prefix.clear()  # its keys/values came from the old weights
@@ -481,7 +533,8 @@ class NativeEngine(EngineDefaults):
         """Have the next step copy ``row`` into the prefix cache, if one weight version made it."""
         if self._runner.prefix is None or len(set(seq.versions)) != 1:
             return
-        tokens = np.array(seq.request.prompt + seq.tokens[:-1], dtype=np.int64)
+        assert seq.request.key is not None
+        tokens = np.concatenate([seq.request.key, np.asarray(seq.tokens[:-1], dtype=np.int64)])
         self._pending_saves.append((row, seq.length - 1, tokens, seq.versions[0]))
 
     def _compact(self, finished: list[int]) -> None:

@@ -13,6 +13,8 @@ from collections.abc import Sequence as Seq
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from temper.engine.base import (
     FinishReason,
     GenerationResult,
@@ -86,10 +88,18 @@ class Request:
     pending: int = 0
     #: Called with each `TokenUpdate` as tokens arrive (streaming requests only).
     listener: Callable[[TokenUpdate], None] | None = None
+    #: The prompt's images in order, and where each one's token run sits (start, length).
+    images: list[Any] = field(default_factory=list)
+    spans: list[tuple[int, int]] = field(default_factory=list)
+    #: What caches match this prompt by (`temper.engine.image_encoder.image_key`): the
+    #: ids, with image tokens standing for their image. Set in `__post_init__` for text.
+    key: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.outputs = [None] * self.params.n
         self.pending = self.params.n
+        if self.key is None:
+            self.key = np.asarray(self.prompt, dtype=np.int64)
 
     @property
     def aborted(self) -> bool:

@@ -30,8 +30,9 @@ import numpy as np
 import torch
 
 from temper.engine.base import LogitsProcessor
+from temper.engine.image_encoder import ImageEncoder
 from temper.engine.kv_cache import SlotKVCache
-from temper.engine.llama_forward import LlamaFamilyModel
+from temper.engine.llama_forward import LlamaFamilyModel, Splice
 from temper.engine.planning import group_by_length
 from temper.engine.prefix_cache import PrefixCache
 from temper.engine.requests import Request
@@ -43,6 +44,7 @@ from temper.engine.sampling import (
     top_alternatives,
     uniforms,
 )
+from temper.errors import TemperError
 
 #: Padding (in tokens) worth one extra prefill forward; see `group_by_length`.
 PREFILL_OVERHEAD_TOKENS = 32
@@ -132,9 +134,11 @@ class StepRunner:
         events: Callable[[], int],
         max_prefill_tokens: int,
         prefix: PrefixCache | None = None,
+        encoder: ImageEncoder | None = None,
     ) -> None:
         self.model = model
         self.prefix = prefix
+        self.encoder = encoder
         self.cache = cache
         self.lock = lock
         self.stats = stats
@@ -312,9 +316,12 @@ class StepRunner:
         model = self.model
         logits = torch.empty(total, model.vocab_size, dtype=torch.float32)
         hits: dict[int, int] = {}
+        if self.encoder is not None:  # every new image of the step in one vision forward
+            self.encoder.features([im for r in requests for im in r.images])
         if self.prefix is not None:
             for k, r in enumerate(requests):
-                found = self.prefix.lookup(np.asarray(r.prompt, dtype=np.int64))
+                assert r.key is not None
+                found = self.prefix.lookup(r.key)
                 if found is not None:
                     entry, shared = found
                     rows = torch.arange(r.params.n) + first_row + offsets[k]
@@ -324,10 +331,11 @@ class StepRunner:
                 self._extend(requests, hits, offsets, first_row, logits)
         # Identical prompts admitted together (a group's episodes, each its own request)
         # run once; their keys/values go to the rows of every sample of each.
-        prompts: dict[tuple[int, ...], list[int]] = {}
+        prompts: dict[bytes, list[int]] = {}
         for k, r in enumerate(requests):
             if k not in hits:
-                prompts.setdefault(tuple(r.prompt), []).append(k)
+                assert r.key is not None
+                prompts.setdefault(r.key.tobytes(), []).append(k)
         members = list(prompts.values())
         lengths = [len(requests[ks[0]].prompt) for ks in members]
         self.stats.prefill_tokens += sum(lengths)
@@ -352,8 +360,11 @@ class StepRunner:
             rows_t = torch.tensor(out_rows, dtype=torch.int64)
             lens_t = torch.tensor([lengths[u] for u in group], dtype=torch.int64)
             shared = len(src) > len(group)  # some prompt fills more than one row
+            embeds = [
+                e for i, u in enumerate(group) for e in self._splices(requests[members[u][0]], i, 0)
+            ]
             out = model.prefill(
-                ids, lens_t, self.cache, rows_t + first_row, src_t if shared else None
+                ids, lens_t, self.cache, rows_t + first_row, src_t if shared else None, embeds
             )
             logits[rows_t] = out.index_select(0, src_t) if shared else out
             self.stats.prefill_forwards += 1
@@ -387,13 +398,34 @@ class StepRunner:
             width = max(rest[i] for i in sub)
             ids = torch.zeros(len(group), width, dtype=torch.int64)
             rows = []
+            embeds: list[Splice] = []
             for i, k in enumerate(group):
                 suffix = requests[k].prompt[hits[k] :]
                 ids[i, : len(suffix)] = torch.tensor(suffix, dtype=torch.int64)
                 rows.append(torch.arange(requests[k].params.n) + first_row + offsets[k])
+                embeds.extend(self._splices(requests[k], i, hits[k]))
             starts = torch.tensor([hits[k] for k in group], dtype=torch.int64)
             lens = torch.tensor([rest[i] for i in sub], dtype=torch.int64)
-            out = self.model.extend(ids, starts, lens, self.cache, rows)
+            out = self.model.extend(ids, starts, lens, self.cache, rows, embeds)
             for i, row_ids in enumerate(rows):
                 logits[row_ids - first_row] = out[i]
             self.stats.prefill_forwards += 1
+
+    def _splices(self, request: Request, row: int, start: int) -> list[Splice]:
+        """The image features of ``request`` at prompt positions ``start`` and later, as
+        splices into batch row ``row`` of a forward that begins at ``start``."""
+        if not request.spans:
+            return []
+        assert self.encoder is not None  # the engine refuses images without one
+        out: list[Splice] = []
+        features = self.encoder.features(request.images)
+        for (begin, length), rows in zip(request.spans, features, strict=True):
+            if rows.shape[0] != length:
+                raise TemperError(
+                    f"an image has {length} tokens in the prompt, but the vision tower "
+                    f"gives {rows.shape[0]} features for it"
+                )
+            first = max(begin, start)
+            if first < begin + length:
+                out.append((row, first - start, rows[first - begin :]))
+        return out

@@ -13,7 +13,7 @@ from temper.data.base import Task
 from temper.data.sampler import ListSampler, ProceduralSampler, TaskSampler
 from temper.devices import resolve_device
 from temper.engine.base import Engine
-from temper.errors import ConfigError, DataError
+from temper.errors import DataError
 from temper.models.loader import resolve_model_path
 from temper.orchestrator.backend import Rollouts
 from temper.rewards.base import Reward
@@ -168,14 +168,9 @@ def build_engine(cfg: Config, model_path: str, tokenizer: Any) -> Engine:
 
     model = load_model(model_path, dtype=torch_dtype(cfg.model.dtype)).to(device)
     vision = build_vision(cfg)
-    if vision is not None and e.type == "native":
-        raise ConfigError(
-            f"model {cfg.model.path!r} is a vision-language model; the native engine runs text "
-            "models only so far: use engine.type = 'hf'"
-        )
     opts: dict[str, Any] = {"vision": vision} if vision is not None else {}
     if e.type == "native":
-        opts = {
+        opts |= {
             "max_slots": e.max_slots,
             "prefix_cache_mb": e.prefix_cache_mb,
             "cpu_kernels": e.cpu_kernels,

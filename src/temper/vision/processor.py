@@ -146,34 +146,43 @@ def vision_for(model_dir: str) -> VisionProcessor | None:
     return VisionProcessor.from_pretrained(model_dir)
 
 
-def collapse_image_runs(ids: list[int], image_token_id: int | None, images: int) -> list[int]:
-    """``ids`` with each image's run of image tokens cut to one placeholder token.
+def image_spans(ids: Sequence[int], image_token_id: int, images: int) -> list[tuple[int, int]]:
+    """Where each of ``images`` images sits in ``ids``: ``(start, length)`` of its token run.
 
     Runs are maximal stretches of the image token. When two images sit back to
     back (one stretch), the stretch splits evenly: LLaVA-style models give every
-    image the same number of tokens. Anything else is refused.
+    image the same number of tokens. Anything else raises `ImageError`.
     """
-    if image_token_id is None:
-        raise ImageError("the model names no image token")
-    runs: list[int] = []  # lengths of the stretches, in order
-    out: list[int] = []
-    for t in ids:
-        if t == image_token_id and out and out[-1] == image_token_id and runs:
-            runs[-1] += 1
+    stretches: list[tuple[int, int]] = []
+    for i, t in enumerate(ids):
+        if t != image_token_id:
             continue
-        if t == image_token_id:
-            runs.append(1)
-        out.append(t)
-    if len(runs) == images:
-        return out
-    total = sum(runs)
+        if stretches and sum(stretches[-1]) == i:
+            start, length = stretches[-1]
+            stretches[-1] = (start, length + 1)
+        else:
+            stretches.append((i, 1))
+    if len(stretches) == images:
+        return stretches
+    total = sum(n for _, n in stretches)
     if images and total % images == 0:
         each = total // images
-        if all(r % each == 0 for r in runs):
-            expanded: list[int] = []
-            k = 0
-            for t in out:
-                expanded.extend([t] * (runs[k] // each) if t == image_token_id else [t])
-                k += t == image_token_id
-            return expanded
-    raise ImageError(f"cannot tell {images} image(s) apart in {len(runs)} run(s) of image tokens")
+        if all(n % each == 0 for _, n in stretches):
+            return [(s + j * each, each) for s, n in stretches for j in range(n // each)]
+    raise ImageError(
+        f"cannot tell {images} image(s) apart in {len(stretches)} run(s) of image tokens"
+    )
+
+
+def collapse_image_runs(ids: list[int], image_token_id: int | None, images: int) -> list[int]:
+    """``ids`` with each image's run of image tokens (`image_spans`) cut to one placeholder."""
+    if image_token_id is None:
+        raise ImageError("the model names no image token")
+    out: list[int] = []
+    done = 0
+    for start, length in image_spans(ids, image_token_id, images):
+        out.extend(ids[done:start])
+        out.append(image_token_id)
+        done = start + length
+    out.extend(ids[done:])
+    return out
