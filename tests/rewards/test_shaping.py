@@ -141,6 +141,16 @@ def test_config_builds_overlong_and_filters():
     assert isinstance(plain, WeightedSum)
 
 
+def test_overlong_counts_the_sampled_tokens_when_it_has_them():
+    """A run's rollouts pass the completion's ids: "}}}}}}}}" is one word but 8 tokens."""
+    penalty = OverlongPenalty(8, 4)
+    (words,) = run(penalty, ["}" * 8])  # no ids: one whitespace token
+    task = Task(id="t", prompt="p")
+    exact = RewardInput(task, "p", "}" * 8, completion_ids=[95] * 8)
+    (tokens,) = asyncio.run(penalty.score([exact]))
+    assert words.score == 0.0 and tokens.score == -1.0
+
+
 def test_config_validation():
     with pytest.raises(ValueError):
         RewardComponentConfig(type="overlong", max_tokens=10)

@@ -213,14 +213,14 @@ def build_rollouts(
     """
     train, heldout, spec = build_run_tasks(cfg)
     if spec is None:
-        reward = build_reward(cfg.reward)
+        reward = build_reward(cfg.reward, tokenizer)
         renderer = PromptRenderer(
             tokenizer, cfg.data.system_prompt, vision=build_vision(cfg), store=image_store
         )
         return Rollouts(
             SingleTurnRollouts(engine, renderer, reward), train, heldout, reward, renderer
         )
-    reward = build_reward(cfg.reward) if cfg.env.add_reward else None
+    reward = build_reward(cfg.reward, tokenizer) if cfg.env.add_reward else None
     vision = build_vision(cfg)
     images = PromptImages(vision, image_store) if vision is not None else None
     source = EpisodeRollouts(

@@ -34,12 +34,14 @@ class OverlongPenalty:
         (L_max - L_cache - |y|) / L_cache if L_max - L_cache < |y| <= L_max
         -1                                if |y| > L_max
 
-    `RewardInput` carries no token counts, so the length is measured by, in
-    order of preference: `length_fn(text)`; `len(tokenizer.encode(text))`
-    (special tokens are not added when the tokenizer accepts
-    `add_special_tokens`); else the number of whitespace-separated tokens
-    (`whitespace_tokens`), which undercounts subword tokens (about 1.3 BPE
-    tokens per English word), so set `max_tokens` in those units.
+    The length is, in order of preference: `length_fn(text)`; the number of
+    sampled tokens (`RewardInput.completion_ids`, set by single-turn rollouts);
+    `len(tokenizer.encode(text))` (special tokens are not added when the
+    tokenizer accepts `add_special_tokens`); else the number of
+    whitespace-separated tokens (`whitespace_tokens`), which undercounts
+    subword tokens (about 1.3 BPE tokens per English word), so set
+    `max_tokens` in those units. Runs built from a config pass the model's
+    tokenizer.
     """
 
     def __init__(
@@ -85,7 +87,11 @@ class OverlongPenalty:
     async def score(self, inputs: list[RewardInput]) -> list[RewardResult]:
         out = []
         for item in inputs:
-            value = self.penalty(self.length(item.completion_text))
+            if self.length_fn is None and item.completion_ids is not None:
+                length = len(item.completion_ids)
+            else:
+                length = self.length(item.completion_text)
+            value = self.penalty(length)
             out.append(RewardResult(score=value, components={self.name: value}))
         return out
 
