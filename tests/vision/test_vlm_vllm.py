@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+import torch
 
 from temper.data.base import Task
 from temper.engine.base import SamplingParams
@@ -63,4 +64,61 @@ def test_vllm_samples_from_what_the_trainer_sees(tmp_path):
     for seed in (1, 2):
         store.put(load_image(picture(seed)))
     model = LlavaForConditionalGeneration.from_pretrained(llava_path).eval()
+    assert_trainer_matches_engine(model, trajs, vision, store)
+
+
+def test_vlm_weight_updates_reach_vllm_tower_projector_and_language_model(tmp_path):
+    """The trainer publishes a VLM under its in-memory names; vLLM must load every part
+    (vision tower, projector, language model), or its logprobs would not follow."""
+    from transformers import AutoTokenizer, LlavaForConditionalGeneration
+
+    from temper.engine.vllm_engine import VLLMEngine
+    from temper.models import resolve_model_path
+    from temper.weights.transport import InProcessTransport
+
+    path = resolve_model_path("tiny_vlm")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    vision = VisionProcessor.from_pretrained(path)
+    model = LlavaForConditionalGeneration.from_pretrained(path).eval()
+    torch.manual_seed(0)
+    with torch.no_grad():  # change one tensor in each part
+        for name, p in model.named_parameters():
+            if name.endswith(
+                (
+                    "vision_tower.post_layernorm.weight",
+                    "linear_2.weight",
+                    "layers.3.mlp.up_proj.weight",
+                )
+            ):
+                p.add_(0.05 * torch.randn_like(p))
+    engine = VLLMEngine(str(path), tokenizer, dtype="float32", max_context=256)
+    transport = InProcessTransport()
+    transport.publish(model.state_dict(), 1)
+    engine.load_weights(transport, 1)
+    task = Task(
+        id="t",
+        prompt=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "image": picture(3)},
+                    {"type": "text", "text": "What is it?"},
+                ],
+            }
+        ],
+    )
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=6)
+
+    async def run():
+        try:
+            return await rollout_groups(
+                engine, PromptRenderer(tokenizer, vision=vision), [task], params, seed=5
+            )
+        finally:
+            await engine.close()
+
+    trajs = [t for g in asyncio.run(run()) for t in g]
+    assert all(v == 1 for t in trajs for v in t.versions)
+    store = ImageStore(tmp_path)
+    store.put(load_image(picture(3)))
     assert_trainer_matches_engine(model, trajs, vision, store)

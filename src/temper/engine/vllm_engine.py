@@ -538,12 +538,36 @@ def _checkpoint_items(state_dict: dict[str, torch.Tensor], hf_config: Any) -> li
     the repacked head would keep the old weights. Sending the embedding under the
     head's name as well makes the head reload.
     """
-    items = [(k, v.detach()) for k, v in state_dict.items()]
+    items = [(_vllm_name(k, hf_config), v.detach()) for k, v in state_dict.items()]
     if getattr(hf_config, "tie_word_embeddings", False):
         embed = state_dict.get("model.embed_tokens.weight")
         if embed is not None and "lm_head.weight" not in state_dict:
             items.append(("lm_head.weight", embed.detach()))
     return items
+
+
+#: Vision towers that transformers 5 keeps without their ``vision_model`` wrapper, while
+#: vLLM 0.32's copies (and checkpoints saved before transformers 5) have it.
+_WRAPPED_TOWERS = ("clip_vision_model", "siglip_vision_model")
+
+
+def _vllm_name(name: str, hf_config: Any) -> str:
+    """A trainer's in-memory tensor name as vLLM's loader reads it.
+
+    The one difference met so far: a LLaVA vision tower's ``model.vision_tower.X``
+    is ``model.vision_tower.vision_model.X`` to vLLM (its loader reports an unknown
+    name otherwise). Everything else passes through.
+    """
+    vision = getattr(hf_config, "vision_config", None)
+    prefix = "model.vision_tower."
+    if (
+        vision is not None
+        and getattr(vision, "model_type", None) in _WRAPPED_TOWERS
+        and name.startswith(prefix)
+        and not name.startswith(prefix + "vision_model.")
+    ):
+        return prefix + "vision_model." + name[len(prefix) :]
+    return name
 
 
 def _eos_ids(hf_config: Any, tokenizer: Any) -> set[int]:
