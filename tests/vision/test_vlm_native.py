@@ -128,9 +128,7 @@ def test_prefix_cache_and_shared_prefill_tell_images_apart(vlm):
     assert engine.stats.prefill_tokens == 2 * len(a)  # each prompt ran: not shared
     for prompt, images, result in ((a, images_a, ra), (b, images_b, rb)):
         want = _hf_logprobs(model, vision, prompt, images, result.samples[0].token_ids)
-        torch.testing.assert_close(
-            torch.tensor(result.samples[0].logprobs), want, **ENGINE_PARITY
-        )
+        torch.testing.assert_close(torch.tensor(result.samples[0].logprobs), want, **ENGINE_PARITY)
     # A later turn that extends conversation a reuses a's keys/values (and images).
     turn2 = a + ra.samples[0].token_ids + tokenizer.encode(" and then?")
     hits = engine.stats.prefix_hits
