@@ -376,6 +376,7 @@ def test_trajectory_browser_single_turn(page, server, runs):
         "[...document.querySelectorAll('.heatmap span.tok')].filter(s => s.style.background).length"
     )
     assert coloured == len(rec["response_ids"])  # every token is a policy token here
+    assert page.eval("document.querySelectorAll('#sample-detail img').length") == 0  # text only
     page.screenshot("trajectories-demo")
     # The mismatch map says why it is empty on a run that does not record trainer_logprobs.
     page.eval(
@@ -395,6 +396,7 @@ def test_trajectory_browser_multi_turn_filters_and_mismatch(page, server, runs):
     obs = page.eval("document.querySelectorAll('.heatmap span.tok.obs').length")
     rec = read_jsonl(runs / "tools" / "trajectories" / "step_000003.jsonl")[0]
     assert obs == rec["loss_mask"].count(0)
+    assert page.eval("document.querySelectorAll('#sample-detail img').length") == 0  # text only
     page.eval(
         "(s => { s.value = 'mismatch'; s.dispatchEvent(new Event('change')); })(document.getElementById('traj-field'))"
     )
@@ -414,6 +416,70 @@ def test_trajectory_browser_multi_turn_filters_and_mismatch(page, server, runs):
     page.wait_for(
         "[...document.querySelectorAll('#sample-list li')].map(l => l.dataset.index).join() === '2'"
     )
+
+
+_LOADED = "[...document.querySelectorAll('{0}')].every(i => i.complete && i.naturalWidth > 0)"
+
+
+def _images(page: Browser, selector: str) -> list[dict[str, Any]]:
+    """The <img> elements under `selector`: hash, natural and drawn width, loaded or not."""
+    return page.eval(
+        f"[...document.querySelectorAll('{selector}')].map(i => ({{sha: i.dataset.sha256,"
+        " natural: i.naturalWidth, shown: i.getBoundingClientRect().width, done: i.complete,"
+        " src: i.getAttribute('src'), link: i.parentElement.getAttribute('href')}))"
+    )
+
+
+def test_trajectory_browser_shows_images_inline(page, vision_runs):
+    """Prompt pictures (single-turn) and observation pictures (multi-turn) load in their
+    turns, and an observation's 16 image tokens are one picture in the token view."""
+    with DashboardServer(vision_runs, poll_ms=300) as srv:
+        page.goto(f"{srv.url}/?runs=vision#trajectories")
+        page.wait_for(f"document.querySelector('.turn-image img') && {_LOADED.format('img')}")
+        rec = read_jsonl(vision_runs / "vision" / "trajectories" / "step_000001.jsonl")[0]
+        shown = _images(page, ".turn.prompt .turn-image img")
+        assert [i["sha"] for i in shown] == [sha for _, sha in rec["images"]]
+        for i in shown:
+            assert i["done"] and i["natural"] == 64 and i["shown"] == 128  # scaled up 2x
+            assert i["src"] == i["link"] == f"/api/runs/vision/images/{i['sha']}"
+        texts = page.eval(
+            "[...document.querySelectorAll('.turn.prompt pre')].map(p => p.textContent)"
+        )
+        assert "<image>".join(texts) == rec["prompt_text"]  # the picture sits at its placeholder
+        two = next(
+            i
+            for i, r in enumerate(
+                read_jsonl(vision_runs / "vision" / "trajectories" / "step_000001.jsonl")
+            )
+            if r["task_id"] == "two-pictures"
+        )
+        page.eval(f"document.querySelector('#sample-list li[data-index=\"{two}\"]').click()")
+        page.wait_for(
+            f"document.querySelectorAll('.turn.prompt .turn-image img').length === 2 && {_LOADED.format('img')}"
+        )
+        page.screenshot("trajectories-vision")
+
+        page.goto(f"{srv.url}/?runs=grid#trajectories")
+        page.wait_for(
+            f"document.querySelector('.heatmap .tok.image img') && {_LOADED.format('img')}"
+        )
+        rec = read_jsonl(vision_runs / "grid" / "trajectories" / "step_000001.jsonl")[0]
+        turns = _images(page, ".turn .turn-image img")
+        assert [i["sha"] for i in turns] == [sha for _, sha in rec["images"]]
+        assert all(i["natural"] == 64 and i["shown"] == 128 for i in turns)
+        n_prompt = len(rec["prompt_ids"])
+        chips = page.eval(
+            "[...document.querySelectorAll('.heatmap .tok.image')].map(c =>"
+            " [Number(c.dataset.i), Number(c.dataset.length), c.querySelector('img').naturalWidth])"
+        )
+        assert chips == [[o - n_prompt, 16, 64] for o, _ in rec["images"] if o >= n_prompt]
+        # Every response token is drawn once: as itself, or inside its image's chip.
+        spans = page.eval("document.querySelectorAll('.heatmap span.tok').length")
+        assert spans == len(rec["response_ids"]) - 15 * len(chips)
+        page.screenshot("trajectories-grid")
+        # Leave the page before this server goes away, so it stops polling it.
+        page.send("Page.navigate", url="about:blank")
+        page.wait_for("location.href === 'about:blank' && document.readyState === 'complete'")
 
 
 @pytest.fixture(scope="module")
