@@ -1,24 +1,17 @@
 """The dashboard page in headless Chromium, driven over the Chrome DevTools Protocol.
 
-No Playwright: Debian's `chromium` is started with `--remote-debugging-port=0`
-and driven over its websocket with the `websockets` package. Every test
-collects console errors, uncaught exceptions and failed loads and fails on
-any. Screenshots go to `$TEMPER_ARTIFACTS/screenshots/` (default
-`test-artifacts/screenshots/` in the repository; gitignored).
+No Playwright: Debian's `chromium` is driven over its websocket with the
+`websockets` package (`cdp_browser.Browser`). Every test collects console
+errors, uncaught exceptions and failed loads and fails on any. Screenshots go
+to `$TEMPER_ARTIFACTS/screenshots/` (default `test-artifacts/screenshots/` in
+the repository; gitignored).
 """
 
 from __future__ import annotations
 
-import base64
-import contextlib
-import json
 import math
 import os
 import shutil
-import subprocess
-import tempfile
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -35,150 +28,17 @@ except ImportError:
 pytestmark = pytest.mark.browser
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-websockets_sync = pytest.importorskip(
-    "websockets.sync.client", reason="browser tests need the websockets package"
-)
+pytest.importorskip("websockets.sync.client", reason="browser tests need the websockets package")
 if CHROMIUM is None:
     pytest.skip(
         "headless chromium is not installed (apt-get install chromium)", allow_module_level=True
     )
 
-ROOT = Path(__file__).resolve().parents[2]
-SHOTS = Path(os.environ.get("TEMPER_ARTIFACTS", ROOT / "test-artifacts")) / "screenshots"
-
-
-class Browser:
-    """One headless Chromium page, driven over CDP (just the few commands the tests need)."""
-
-    def __init__(self, executable: str, width: int = 1400, height: int = 1000) -> None:
-        self.profile = tempfile.mkdtemp(prefix="temper-chromium-")
-        self.log = open(Path(self.profile) / "stderr.log", "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen(
-            [
-                executable,
-                "--headless=new",
-                "--no-sandbox",  # root in containers; the page is our own localhost server
-                "--disable-gpu",
-                "--disable-dev-shm-usage",
-                "--no-first-run",
-                "--disable-extensions",
-                "--remote-debugging-port=0",
-                f"--user-data-dir={self.profile}",
-                f"--window-size={width},{height}",
-                "about:blank",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=self.log,
-        )
-        port = self._devtools_port()
-        pages = json.loads(urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list").read())
-        ws_url = next(p["webSocketDebuggerUrl"] for p in pages if p["type"] == "page")
-        self._stack = contextlib.ExitStack()
-        self.ws = self._stack.enter_context(
-            websockets_sync.connect(ws_url, max_size=None, open_timeout=20)
-        )
-        self._id = 0
-        self.errors: list[str] = []
-        for domain in ("Page", "Runtime", "Log"):
-            self.send(f"{domain}.enable")
-        self.send(
-            "Emulation.setDeviceMetricsOverride",
-            width=width,
-            height=height,
-            deviceScaleFactor=1,
-            mobile=False,
-        )
-
-    def _devtools_port(self, timeout: float = 30.0) -> int:
-        # With port 0 Chromium writes the port it chose to DevToolsActivePort.
-        marker = Path(self.profile) / "DevToolsActivePort"
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if marker.is_file() and marker.read_text().strip():
-                return int(marker.read_text().split()[0])
-            if self.proc.poll() is not None:
-                break
-            time.sleep(0.05)
-        self.close()
-        raise RuntimeError(f"chromium did not start: {Path(self.profile, 'stderr.log')}")
-
-    def send(self, method: str, **params: Any) -> dict[str, Any]:
-        """Call one CDP method; events that arrive meanwhile are checked for errors."""
-        self._id += 1
-        self.ws.send(json.dumps({"id": self._id, "method": method, "params": params}))
-        while True:
-            msg = json.loads(self.ws.recv(timeout=60))
-            if msg.get("id") == self._id:
-                if "error" in msg:
-                    raise RuntimeError(f"{method}: {msg['error']}")
-                return msg.get("result", {})
-            self._event(msg)
-
-    def _event(self, msg: dict[str, Any]) -> None:
-        method, params = msg.get("method"), msg.get("params", {})
-        if method == "Runtime.exceptionThrown":
-            d = params["exceptionDetails"]
-            self.errors.append(
-                f"exception: {d.get('exception', {}).get('description') or d.get('text')}"
-            )
-        elif method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
-            args = [a.get("value", a.get("description", "")) for a in params.get("args", [])]
-            self.errors.append(f"console.{params['type']}: {' '.join(map(str, args))}")
-        elif method == "Log.entryAdded" and params["entry"].get("level") == "error":
-            entry = params["entry"]
-            self.errors.append(
-                f"log ({entry.get('source')}): {entry.get('text')} {entry.get('url', '')}"
-            )
-
-    def eval(self, expression: str) -> Any:
-        """The value of a JS expression (promises awaited)."""
-        result = self.send(
-            "Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=True
-        )
-        if "exceptionDetails" in result:
-            raise RuntimeError(f"{expression!r} threw {result['exceptionDetails']}")
-        return result["result"].get("value")
-
-    def wait_for(self, expression: str, timeout: float = 20.0) -> Any:
-        deadline = time.monotonic() + timeout
-        # A DOM node would come back as {} (falsy here): count it as found.
-        probe = f"(v => v instanceof Node ? true : v)({expression})"
-        while True:
-            value = self.eval(probe)
-            if value:
-                return value
-            if time.monotonic() > deadline:
-                raise AssertionError(f"timed out waiting for {expression!r}; errors: {self.errors}")
-            time.sleep(0.1)
-
-    def goto(self, url: str) -> None:
-        # Through about:blank: a URL differing only in its #tab would not reload the
-        # page, and the old page's ready flag must not be mistaken for the new one's.
-        self.send("Page.navigate", url="about:blank")
-        self.wait_for("location.href === 'about:blank' && document.readyState === 'complete'")
-        self.send("Page.navigate", url=url)
-        self.wait_for("document.readyState === 'complete' && document.body.dataset.ready === '1'")
-
-    def screenshot(self, name: str) -> Path:
-        SHOTS.mkdir(parents=True, exist_ok=True)
-        data = self.send("Page.captureScreenshot", format="png", captureBeyondViewport=True)
-        path = SHOTS / f"{name}.png"
-        path.write_bytes(base64.b64decode(data["data"]))
-        return path
-
-    def close(self) -> None:
-        try:
-            if hasattr(self, "_stack"):
-                self._stack.close()
-        finally:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-            self.log.close()
-            shutil.rmtree(self.profile, ignore_errors=True)
+# After the skips: it needs websockets.
+try:
+    from .cdp_browser import Browser
+except ImportError:
+    from cdp_browser import Browser
 
 
 @pytest.fixture(scope="module")
@@ -376,6 +236,7 @@ def test_trajectory_browser_single_turn(page, server, runs):
         "[...document.querySelectorAll('.heatmap span.tok')].filter(s => s.style.background).length"
     )
     assert coloured == len(rec["response_ids"])  # every token is a policy token here
+    assert page.eval("document.querySelectorAll('#sample-detail img').length") == 0  # text only
     page.screenshot("trajectories-demo")
     # The mismatch map says why it is empty on a run that does not record trainer_logprobs.
     page.eval(
@@ -395,6 +256,7 @@ def test_trajectory_browser_multi_turn_filters_and_mismatch(page, server, runs):
     obs = page.eval("document.querySelectorAll('.heatmap span.tok.obs').length")
     rec = read_jsonl(runs / "tools" / "trajectories" / "step_000003.jsonl")[0]
     assert obs == rec["loss_mask"].count(0)
+    assert page.eval("document.querySelectorAll('#sample-detail img').length") == 0  # text only
     page.eval(
         "(s => { s.value = 'mismatch'; s.dispatchEvent(new Event('change')); })(document.getElementById('traj-field'))"
     )
@@ -414,6 +276,70 @@ def test_trajectory_browser_multi_turn_filters_and_mismatch(page, server, runs):
     page.wait_for(
         "[...document.querySelectorAll('#sample-list li')].map(l => l.dataset.index).join() === '2'"
     )
+
+
+_LOADED = "[...document.querySelectorAll('{0}')].every(i => i.complete && i.naturalWidth > 0)"
+
+
+def _images(page: Browser, selector: str) -> list[dict[str, Any]]:
+    """The <img> elements under `selector`: hash, natural and drawn width, loaded or not."""
+    return page.eval(
+        f"[...document.querySelectorAll('{selector}')].map(i => ({{sha: i.dataset.sha256,"
+        " natural: i.naturalWidth, shown: i.getBoundingClientRect().width, done: i.complete,"
+        " src: i.getAttribute('src'), link: i.parentElement.getAttribute('href')}))"
+    )
+
+
+def test_trajectory_browser_shows_images_inline(page, vision_runs):
+    """Prompt pictures (single-turn) and observation pictures (multi-turn) load in their
+    turns, and an observation's 16 image tokens are one picture in the token view."""
+    with DashboardServer(vision_runs, poll_ms=300) as srv:
+        page.goto(f"{srv.url}/?runs=vision#trajectories")
+        page.wait_for(f"document.querySelector('.turn-image img') && {_LOADED.format('img')}")
+        rec = read_jsonl(vision_runs / "vision" / "trajectories" / "step_000001.jsonl")[0]
+        shown = _images(page, ".turn.prompt .turn-image img")
+        assert [i["sha"] for i in shown] == [sha for _, sha in rec["images"]]
+        for i in shown:
+            assert i["done"] and i["natural"] == 64 and i["shown"] == 128  # scaled up 2x
+            assert i["src"] == i["link"] == f"/api/runs/vision/images/{i['sha']}"
+        texts = page.eval(
+            "[...document.querySelectorAll('.turn.prompt pre')].map(p => p.textContent)"
+        )
+        assert "<image>".join(texts) == rec["prompt_text"]  # the picture sits at its placeholder
+        two = next(
+            i
+            for i, r in enumerate(
+                read_jsonl(vision_runs / "vision" / "trajectories" / "step_000001.jsonl")
+            )
+            if r["task_id"] == "two-pictures"
+        )
+        page.eval(f"document.querySelector('#sample-list li[data-index=\"{two}\"]').click()")
+        page.wait_for(
+            f"document.querySelectorAll('.turn.prompt .turn-image img').length === 2 && {_LOADED.format('img')}"
+        )
+        page.screenshot("trajectories-vision")
+
+        page.goto(f"{srv.url}/?runs=grid#trajectories")
+        page.wait_for(
+            f"document.querySelector('.heatmap .tok.image img') && {_LOADED.format('img')}"
+        )
+        rec = read_jsonl(vision_runs / "grid" / "trajectories" / "step_000001.jsonl")[0]
+        turns = _images(page, ".turn .turn-image img")
+        assert [i["sha"] for i in turns] == [sha for _, sha in rec["images"]]
+        assert all(i["natural"] == 64 and i["shown"] == 128 for i in turns)
+        n_prompt = len(rec["prompt_ids"])
+        chips = page.eval(
+            "[...document.querySelectorAll('.heatmap .tok.image')].map(c =>"
+            " [Number(c.dataset.i), Number(c.dataset.length), c.querySelector('img').naturalWidth])"
+        )
+        assert chips == [[o - n_prompt, 16, 64] for o, _ in rec["images"] if o >= n_prompt]
+        # Every response token is drawn once: as itself, or inside its image's chip.
+        spans = page.eval("document.querySelectorAll('.heatmap span.tok').length")
+        assert spans == len(rec["response_ids"]) - 15 * len(chips)
+        page.screenshot("trajectories-grid")
+        # Leave the page before this server goes away, so it stops polling it.
+        page.send("Page.navigate", url="about:blank")
+        page.wait_for("location.href === 'about:blank' && document.readyState === 'complete'")
 
 
 @pytest.fixture(scope="module")

@@ -47,7 +47,7 @@ from temper.envs.tools import parse_tool_calls
 from temper.errors import PromptTooLongError
 from temper.models.chat_template import IncrementalRenderer
 from temper.rollout.trajectory import Trajectory
-from temper.vision.images import Image, ImageError, loggable
+from temper.vision.images import Image, ImageError, has_images, loggable, normalize_messages
 from temper.vision.prompting import PromptImages
 
 #: Turns a turn's text into (tool calls, parse errors); the default reads Hermes blocks.
@@ -224,8 +224,21 @@ async def run_episode(
         episode.finish = "timeout"
     traj = episode.trajectory(task, group_id, tokenizer)
     traj.episode_seed = seed
-    traj.task = asdict(task)
+    traj.task = _task_record(task)
     return traj
+
+
+def _task_record(task: Task) -> dict[str, Any]:
+    """The task as the trajectory records it: JSON, so a prompt's images (PIL
+    images, bytes, ...) are named by hash as in `messages`; the pixels are in the
+    run's image store."""
+    record = asdict(task)
+    if isinstance(task.prompt, list) and has_images(task.prompt):
+        try:
+            record["prompt"] = loggable(normalize_messages(task.prompt))
+        except ImageError as exc:  # the episode itself failed on it; keep the record writable
+            record["prompt"] = f"[prompt with an unreadable image: {exc}]"
+    return record
 
 
 async def _play(

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from temper.vision.store import ImageStore
+
 # Files that make a folder under RUNS_DIR a run directory (see `orchestrator.run_dir`).
 RUN_MARKERS = ("metrics.jsonl", "config.toml")
 _STEP_FILE = re.compile(r"^step_(\d+)\.jsonl?$")
@@ -76,6 +78,30 @@ class RunNameError(ValueError):
 
 class RunNotFoundError(LookupError):
     """A well-formed name with no run directory behind it (HTTP 404)."""
+
+
+class ImageHashError(ValueError):
+    """An image name that is not a SHA-256 in lowercase hex (HTTP 400)."""
+
+
+def check_image_hash(sha256: str) -> str:
+    """Return `sha256` if it is 64 lowercase hex digits; raise ImageHashError otherwise.
+
+    The image store names files by this hash alone, so a checked hash cannot
+    name anything outside `<run>/images/`.
+    """
+    shown = repr(sha256[:80])
+    if len(sha256) != 64:
+        raise ImageHashError(
+            f"image hash {shown} must be a SHA-256: 64 lowercase hex digits, "
+            f"got {len(sha256)} characters"
+        )
+    bad = next((c for c in sha256 if c not in "0123456789abcdef"), None)
+    if bad is not None:
+        raise ImageHashError(
+            f"image hash {shown} must be a SHA-256: 64 lowercase hex digits ({bad!r} is not one)"
+        )
+    return sha256
 
 
 def check_run_name(name: str) -> str:
@@ -261,6 +287,14 @@ class RunsRoot:
             if s == step:
                 return path
         raise RunNotFoundError(f"run {name!r} has no trajectories for step {step}")
+
+    def image_file(self, name: str, sha256: str) -> Path:
+        """The stored PNG of one image of the run (`temper.vision.ImageStore` layout);
+        ImageHashError for a malformed hash, RunNotFoundError when the run lacks it."""
+        path = ImageStore(self.run_path(name) / "images").path(check_image_hash(sha256))
+        if not path.is_file():
+            raise RunNotFoundError(f"run {name!r} has no image {sha256}")
+        return path
 
     def evals(self, name: str) -> list[dict[str, Any]]:
         """The run's held-out evaluations (`eval/step_N.json`), by step."""

@@ -14,6 +14,11 @@ view also has `trainer_logprob` and `mismatch` = trainer − behaviour logprob,
 the per-token train/inference mismatch. Today's trajectories do not record
 it (only the step's `train_infer_logprob_diff` metrics); the view lists it
 under `missing_fields` with the reason, and the page says so.
+
+Vision runs: a turn that shows images also has `parts` (its text and images
+in reading order, each image with its URL), and `tokens.images` marks each
+image's run of image tokens in the response, drawn as one picture
+(`temper.monitor.dashboard.images`). Text-only samples have neither.
 """
 
 from __future__ import annotations
@@ -26,6 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from temper.envs.tools import parse_tool_calls
+from temper.monitor.dashboard.images import (
+    ImageLinks,
+    message_parts,
+    prompt_parts,
+    response_chips,
+)
 
 MISMATCH_MISSING = (
     "per-token train/inference mismatch needs a `trainer_logprobs` field on the "
@@ -34,7 +45,9 @@ MISMATCH_MISSING = (
 )
 
 
-def load_samples(path: Path, step: int) -> tuple[list[dict[str, Any]], list[str]]:
+def load_samples(
+    path: Path, step: int, links: ImageLinks | None = None
+) -> tuple[list[dict[str, Any]], list[str]]:
     """Every record of a trajectories file as a sample view, plus per-line errors."""
     samples, errors = [], []
     with open(path, "rb") as f:
@@ -46,7 +59,7 @@ def load_samples(path: Path, step: int) -> tuple[list[dict[str, Any]], list[str]
             except (json.JSONDecodeError, UnicodeDecodeError) as exc:
                 errors.append(f"{path.name} line {lineno}: not JSON ({exc})")
                 continue
-            samples.append(sample_view(record, index=len(samples), step=step))
+            samples.append(sample_view(record, index=len(samples), step=step, links=links))
     return samples, errors
 
 
@@ -73,8 +86,11 @@ def filter_samples(
     return out
 
 
-def sample_view(record: dict[str, Any], index: int, step: int) -> dict[str, Any]:
+def sample_view(
+    record: dict[str, Any], index: int, step: int, links: ImageLinks | None = None
+) -> dict[str, Any]:
     """One trajectory record as the browser shows it (see the module docstring)."""
+    links = links or ImageLinks()
     response = list(record.get("response_ids") or [])
     reward = _finite(record.get("reward"))
     return {
@@ -94,21 +110,26 @@ def sample_view(record: dict[str, Any], index: int, step: int) -> dict[str, Any]
         "prompt_tokens": len(record.get("prompt_ids") or []),
         "response_tokens": len(response),
         "policy_tokens": sum(record.get("loss_mask") or []),
-        "turns": turns(record),
-        **token_fields(record, step),
+        "turns": turns(record, links),
+        **token_fields(record, step, links),
     }
 
 
-def turns(record: dict[str, Any]) -> list[dict[str, Any]]:
+def turns(record: dict[str, Any], links: ImageLinks | None = None) -> list[dict[str, Any]]:
     """The conversation: messages for env episodes, else prompt + response text.
 
     Assistant turns get their parsed tool calls and the env's reward for that
     turn (turn k of `turn_rewards` belongs to the k-th assistant message).
+    Turns that show images get `parts` (see the module docstring).
     """
+    links = links or ImageLinks()
     messages = record.get("messages") or []
     if not messages:
+        prompt: dict[str, Any] = {"role": "prompt", "content": record.get("prompt_text", "")}
+        if parts := prompt_parts(record, prompt["content"], links):
+            prompt["parts"] = parts
         return [
-            {"role": "prompt", "content": record.get("prompt_text", "")},
+            prompt,
             {
                 "role": "assistant",
                 "content": record.get("response_text", ""),
@@ -121,6 +142,8 @@ def turns(record: dict[str, Any]) -> list[dict[str, Any]]:
     out, k = [], 0
     for m in messages:
         turn: dict[str, Any] = {"role": m.get("role", "?"), "content": _text(m.get("content"))}
+        if parts := message_parts(m.get("content"), links):
+            turn["parts"] = parts
         if m.get("name"):
             turn["name"] = m["name"]
         if turn["role"] == "assistant":
@@ -133,8 +156,12 @@ def turns(record: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def token_fields(record: dict[str, Any], step: int) -> dict[str, Any]:
-    """Per-response-token arrays for the heat map, and which fields are missing and why."""
+def token_fields(
+    record: dict[str, Any], step: int, links: ImageLinks | None = None
+) -> dict[str, Any]:
+    """Per-response-token arrays for the heat map, and which fields are missing and why.
+
+    `images`: the response's image token runs, each drawn as one picture."""
     ids = list(record.get("response_ids") or [])
     n = len(ids)
     mask = _padded(record.get("loss_mask"), n, 0)
@@ -175,7 +202,13 @@ def token_fields(record: dict[str, Any], step: int) -> dict[str, Any]:
         for i in range(max(start, 0), min(end, n)):
             turn_of[i] = k
     return {
-        "tokens": {"ids": ids, "mask": mask, "turn": turn_of, "fields": fields},
+        "tokens": {
+            "ids": ids,
+            "mask": mask,
+            "turn": turn_of,
+            "fields": fields,
+            "images": response_chips(record, links or ImageLinks()),
+        },
         "missing_fields": missing,
     }
 

@@ -15,12 +15,15 @@ anything else is a 400, a missing run or step a 404, both with `detail`):
                                           `level` (its own, else derived); `next`
     /api/runs/{name}/evals                eval/step_N.json results
     /api/runs/{name}/steps                steps with saved trajectories
-    /api/runs/{name}/trajectories/{step}  sample views (turns, tool calls, tokens)
+    /api/runs/{name}/trajectories/{step}  sample views (turns, tool calls, tokens, images)
         ?min_reward=&max_reward=&category=&correct=&decode=true&offset=0&limit=200
+    /api/runs/{name}/images/{sha256}      one stored image (PNG) of a vision run; a hash
+                                          that is not 64 lowercase hex digits is a 400
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import socket
@@ -29,6 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import uvicorn
 from fastapi import FastAPI, HTTPException, Query, Request
@@ -37,10 +41,13 @@ from fastapi.staticfiles import StaticFiles
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 
+from temper.monitor.dashboard.images import ImageLinks
 from temper.monitor.dashboard.runs import (
+    ImageHashError,
     RunNameError,
     RunNotFoundError,
     RunsRoot,
+    check_run_name,
     with_levels,
 )
 from temper.monitor.dashboard.samples import TokenDecoder, filter_samples, load_samples
@@ -103,6 +110,10 @@ def create_app(
     async def _bad_name(_: Request, exc: RunNameError) -> Response:
         return SafeJSONResponse({"detail": str(exc)}, status_code=400)
 
+    @app.exception_handler(ImageHashError)
+    async def _bad_hash(_: Request, exc: ImageHashError) -> Response:
+        return SafeJSONResponse({"detail": str(exc)}, status_code=400)
+
     @app.exception_handler(RunNotFoundError)
     async def _missing(_: Request, exc: RunNotFoundError) -> Response:
         return SafeJSONResponse({"detail": str(exc)}, status_code=404)
@@ -114,6 +125,14 @@ def create_app(
         if exc.status_code == 404 and detail == "Not Found":
             detail = f"no such page or API endpoint: {request.url.path}"
         return SafeJSONResponse({"detail": detail}, status_code=exc.status_code)
+
+    def image_links(name: str, run_dir: Path) -> ImageLinks:
+        @functools.cache
+        def token_text(token_id: int) -> str | None:
+            pieces, _ = decoder.pieces(run_dir, [token_id])
+            return pieces[0] if pieces else None
+
+        return ImageLinks(f"/api/runs/{quote(name, safe='')}/images/", token_text)
 
     @app.get("/api/config")
     def config() -> dict[str, Any]:
@@ -158,7 +177,7 @@ def create_app(
         limit: int = Query(200, ge=1, le=5000),
     ) -> dict[str, Any]:
         path = root.trajectory_file(name, step)
-        samples, errors = load_samples(path, step)
+        samples, errors = load_samples(path, step, image_links(name, path.parent.parent))
         matched = filter_samples(samples, min_reward, max_reward, category, correct)
         # Pages keep a large `log.trajectories_per_step` from sending megabytes at once.
         shown = matched[offset : offset + limit]
@@ -183,11 +202,25 @@ def create_app(
             "errors": errors,
         }
 
+    @app.get("/api/runs/{name}/images/{sha256}")
+    def image(name: str, sha256: str) -> FileResponse:
+        # Named by content, so a URL's bytes never change: cache for a year.
+        return FileResponse(
+            root.image_file(name, sha256),
+            media_type="image/png",
+            headers={"Cache-Control": "public, max-age=31536000, immutable"},
+        )
+
     @app.get("/api/runs/{rest:path}", include_in_schema=False)
     def bad_run_path(rest: str) -> None:
         # Reached only when no endpoint matched: after URL decoding the name held a
         # "/" (e.g. "..%2F..%2Fetc" or "%2Fetc"). Say why instead of a bare 404.
         parts = rest.split("/")
+        if len(parts) > 2 and parts[1] == "images" and check_run_name(parts[0]):
+            raise ImageHashError(
+                f"image hash {'/'.join(parts[2:])[:80]!r} must be a SHA-256: "
+                "64 lowercase hex digits, no '/'"
+            )
         if rest.startswith("/") or ".." in parts or "\\" in rest:
             raise RunNameError(
                 f"run name in {'/api/runs/' + rest!r} must be a single directory name "

@@ -1,5 +1,5 @@
 // Trajectory browser: the samples saved for one step, their turns, tool calls,
-// rewards, and a heat map over the response tokens (see docs/dashboard.md).
+// rewards, images, and a heat map over the response tokens (see docs/dashboard.md).
 "use strict";
 
 (() => {
@@ -139,11 +139,32 @@
     const reward = t.reward === undefined || t.reward === null ? "" : `reward ${fmt(t.reward)}`;
     return h("div", { class: `turn ${t.role}` },
       h("div", { class: "role" }, h("span", {}, t.name ? `${t.role} (${t.name})` : t.role), h("span", {}, reward)),
-      h("pre", {}, t.content),
+      ...(t.parts ? t.parts.map(partView) : [h("pre", {}, t.content)]),
       ...(t.tool_calls || []).map((c) =>
         h("span", { class: "tool-call" }, `${c.name}(${JSON.stringify(c.arguments)})`)),
       ...(t.tool_call_errors || []).map((e) =>
         h("span", { class: "tool-call error" }, `${e.kind}: ${e.message}`)));
+  }
+
+  // A turn's text or image part (turns that show images come as parts, in reading order).
+  function partView(p) {
+    return p.type === "image" ? h("div", { class: "turn-image" }, picture(p, "turn")) : h("pre", {}, p.text);
+  }
+
+  // An image from the run's store, linked to itself (click: full size in a new tab). Tiny
+  // procedural pictures (64 px) are scaled up by a whole factor so their pixels stay sharp.
+  function picture(p, where) {
+    const img = h("img", { src: p.url, alt: `image ${p.sha256.slice(0, 12)}`, "data-sha256": p.sha256 });
+    if (where === "turn") {
+      img.addEventListener("load", () => {
+        const w = img.naturalWidth;
+        if (w > 0 && w < 128) {
+          img.style.width = `${w * Math.ceil(128 / w)}px`;
+          img.style.imageRendering = "pixelated";
+        }
+      });
+    }
+    return h("a", { href: p.url, target: "_blank", rel: "noopener", title: `image ${p.sha256}` }, img);
   }
 
   // Background for one value: see FIELD_HELP for what each colour means.
@@ -165,23 +186,40 @@
     if (!values) notes.push(s.missing_fields[field] || `this sample has no ${field} field`);
     if (!tok.text) notes.push(`token text unavailable (${tb.decodeError || "not decoded"}): showing ids`);
     const names = Object.keys(tok.fields);
-    const spans = tok.ids.map((id, i) => {
-      const piece = tok.text ? tok.text[i] : `[${id}]`;
-      const cls = ["tok"];
-      if (!tok.mask[i]) cls.push("obs"); // observation / template tokens: not trained on
-      if (tok.turn[i] >= 0 && (i === 0 || tok.turn[i - 1] !== tok.turn[i])) cls.push("turn-start");
-      const tip = [`#${i} id ${id}`, `mask ${tok.mask[i]}`, ...names.map((n) => `${n} ${fmt(tok.fields[n][i])}`)];
-      return h("span", {
-        class: cls.join(" "), "data-i": i, title: tip.join("\n"),
-        style: values && tok.mask[i] ? `background:${colour(field, values[i], scale)}` : undefined,
-      }, piece.replace(/\n/g, "↵\n"));
-    });
+    // An image's run of image tokens is drawn as one picture, not 16+ identical tokens.
+    const chips = new Map((tok.images || []).map((c) => [c.start, c]));
+    const spans = [];
+    for (let i = 0; i < tok.ids.length; i++) {
+      const chip = chips.get(i);
+      if (chip) {
+        spans.push(h("span", {
+          class: "tok obs image", "data-i": i, "data-length": chip.length,
+          title: `#${i}…${i + chip.length - 1}: image ${chip.sha256.slice(0, 12)} (${chip.length} image tokens, mask 0)`,
+        }, picture(chip, "token")));
+        i += chip.length - 1;
+        continue;
+      }
+      spans.push(tokenSpan(tok, i, names, field, values, scale));
+    }
     return h("div", {},
       h("div", { class: "scale" }, h("b", {}, field), h("span", { class: "muted" }, FIELD_HELP[field] || ""),
         finite.length ? h("span", {}, `range ${fmt(Math.min(...finite))} … ${fmt(Math.max(...finite))}`) : ""),
       ...notes.map((n) => h("p", { class: "note" }, n)),
       h("div", { class: "heatmap", "data-field": field, "data-tokens": tok.ids.length }, ...spans),
       h("p", { class: "muted" }, "grey tokens: observations and template tokens (loss mask 0); hover a token for all its values"));
+  }
+
+  function tokenSpan(tok, i, names, field, values, scale) {
+    const id = tok.ids[i];
+    const piece = tok.text ? tok.text[i] : `[${id}]`;
+    const cls = ["tok"];
+    if (!tok.mask[i]) cls.push("obs"); // observation / template tokens: not trained on
+    if (tok.turn[i] >= 0 && (i === 0 || tok.turn[i - 1] !== tok.turn[i])) cls.push("turn-start");
+    const tip = [`#${i} id ${id}`, `mask ${tok.mask[i]}`, ...names.map((n) => `${n} ${fmt(tok.fields[n][i])}`)];
+    return h("span", {
+      class: cls.join(" "), "data-i": i, title: tip.join("\n"),
+      style: values && tok.mask[i] ? `background:${colour(field, values[i], scale)}` : undefined,
+    }, piece.replace(/\n/g, "↵\n"));
   }
 
   function start() {
