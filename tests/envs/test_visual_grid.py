@@ -116,3 +116,49 @@ def test_registry_spec_options_and_errors():
         build_env_spec("visual_grid", {"size": 1}, seed=0)
     with pytest.raises(ConfigError, match=r"env\.options\.max_moves must be"):
         build_env_spec("visual_grid", {"max_moves": "3"}, seed=0)
+
+
+def test_grid_episodes_of_a_vlm_replay_exactly(tmp_path):
+    """Rollouts of the tiny VLM record pictures by hash; replay renders them again and
+    finds the same hashes. A changed picture hash is reported."""
+    import json
+
+    from temper.engine.base import SamplingParams
+    from temper.engine.native import NativeEngine
+    from temper.envs.base import EpisodeLimits
+    from temper.envs.replay import replay_episode
+    from temper.models import load_tokenizer, resolve_model_path
+    from temper.rollout.multi_turn import run_episodes
+    from temper.vision.processor import vision_for
+    from temper.vision.prompting import PromptImages
+    from temper.vision.store import ImageStore
+
+    engine = NativeEngine.from_pretrained("tiny_vlm")
+    tokenizer = load_tokenizer("tiny_vlm")
+    vision = vision_for(str(resolve_model_path("tiny_vlm")))
+    spec = build_env_spec("visual_grid", {}, 0)
+    tasks = spec.heldout[:2]
+    groups = asyncio.run(
+        run_episodes(
+            engine,
+            spec.make_env,
+            tasks,
+            tokenizer,
+            SamplingParams(temperature=1.0, max_new_tokens=12),
+            EpisodeLimits(max_turns=3, continue_after_length=True),
+            seed=4,
+            group_size=1,
+            images=PromptImages(vision, ImageStore(tmp_path)),
+        )
+    )
+    records = [json.loads(json.dumps(t.to_json())) for g in groups for t in g]
+    assert any(len(r["images"]) > 1 for r in records)  # observations showed pictures
+    for record in records:
+        report = asyncio.run(replay_episode(record, spec))
+        assert report.ok, report.mismatches
+    shown = next(r for r in records if r["num_turns"] > 1 and r["turn_rewards"])
+    for message in shown["messages"][1:]:
+        for part in message["content"] if isinstance(message["content"], list) else []:
+            if part.get("type") == "image":
+                part["sha256"] = "0" * 64
+    assert not asyncio.run(replay_episode(shown, spec)).ok

@@ -224,10 +224,11 @@ class NativeEngine(EngineDefaults):
         """Load an HF model (and its tokenizer and image processor, if present) from ``path``."""
         from transformers import AutoTokenizer
 
-        from temper.models import load_model
+        from temper.models import load_model, resolve_model_path
 
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
+        path = resolve_model_path(path)  # "tiny", "tiny_vlm": the shipped models
         model = compute.run(load_model, str(path), dtype=dtype or torch.float32)
         tokenizer = None
         if load_tokenizer:

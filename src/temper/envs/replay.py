@@ -11,7 +11,9 @@ The recording is a trajectory as written to ``runs/<name>/trajectories/``
 (`Trajectory.to_json`), which holds the task, the episode seed, the
 conversation (``messages``), the sampled-id spans of each turn and the
 per-turn rewards. Trajectories of single-turn runs have no task/seed and
-cannot be replayed.
+cannot be replayed. Recorded messages name images by hash
+(`temper.vision.images.loggable`), so the env's fresh observations are
+compared in that form: the same pixels give the same hash.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from temper.envs.base import AssistantTurn, Message
 from temper.envs.registry import EnvSpec
 from temper.envs.tools import parse_tool_calls
 from temper.errors import TemperError
+from temper.vision.images import has_images, loggable, normalize_messages
 
 
 @dataclass
@@ -50,6 +53,22 @@ def _split_turns(messages: list[Message], first_len: int) -> list[tuple[Message,
     return turns
 
 
+def _as_recorded(messages: list[Message]) -> list[Message]:
+    """Messages as a trajectory records them: image parts become their hashes.
+
+    A replayed task's prompt already names its images by hash (the recorded
+    task); such parts stay as they are.
+    """
+    out = []
+    for message in messages:
+        content = message.get("content")
+        pixels = [p for p in content if "sha256" not in p] if isinstance(content, list) else []
+        if has_images([{"content": pixels}]):
+            message = loggable(normalize_messages([message]))[0]
+        out.append(message)
+    return out
+
+
 async def replay_episode(record: dict[str, Any], spec: EnvSpec) -> ReplayReport:
     """Re-run ``spec``'s env on the recorded turns of ``record``; report every difference."""
     if not record.get("task"):
@@ -61,7 +80,7 @@ async def replay_episode(record: dict[str, Any], spec: EnvSpec) -> ReplayReport:
     report = ReplayReport(task.id)
     env = spec.make_env(task)
     try:
-        first = await env.reset(task, record.get("episode_seed"))
+        first = _as_recorded(await env.reset(task, record.get("episode_seed")))
         recorded: list[Message] = record["messages"]
         if recorded[: len(first)] != first:
             report.mismatches.append("first observation differs")
@@ -81,7 +100,7 @@ async def replay_episode(record: dict[str, Any], spec: EnvSpec) -> ReplayReport:
             got = float(result.reward) if result.reward is not None else 0.0
             if got != rewards[k]:
                 report.mismatches.append(f"turn {k}: reward {got} != recorded {rewards[k]}")
-            if observation and result.observation != observation:
+            if observation and _as_recorded(result.observation or []) != observation:
                 report.mismatches.append(f"turn {k}: observation differs")
     finally:
         await env.close()
