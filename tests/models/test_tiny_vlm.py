@@ -107,10 +107,11 @@ def test_greedy_answers_are_well_formed_and_the_pretrained_model_sees_colours(pr
     replies = greedy(processor, model, VisualTasks().heldout(8))
     assert all(extract_boxed(r) is not None for r in replies), replies
     # Pretraining made the picture matter: same-colour questions (yes/no, half each)
-    # are answered far above chance on held-out pictures.
-    tasks = VisualTasks(kinds=["same_colour"]).heldout(20)
+    # are answered well above chance on held-out pictures (37 of 50 when written;
+    # 33 or more has a 1.6% chance for a coin).
+    tasks = VisualTasks(kinds=["same_colour"]).heldout(50)
     replies = greedy(processor, model, tasks)
-    assert sum(is_correct(t, r) for t, r in zip(tasks, replies, strict=True)) >= 15
+    assert sum(is_correct(t, r) for t, r in zip(tasks, replies, strict=True)) >= 33
 
 
 def test_load_model_takes_the_alias_and_any_hf_llava_checkpoint(tmp_path, model):
