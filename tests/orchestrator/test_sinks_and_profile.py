@@ -112,3 +112,12 @@ def test_profile_flag_sets_step_one_unless_a_step_is_configured(
     monkeypatch.setattr("temper.orchestrator.sync.SyncOrchestrator", FakeOrchestrator)
     assert main(["train", f"--run.output_dir={tmp_path}", *extra]) == 0
     assert seen == [expected]
+
+
+def test_the_eval_line_names_each_metric_once():
+    from temper.orchestrator.sync import _eval_line
+
+    one = _eval_line(3, {"accuracy": 0.0, "pass@1": 0.025, "k": 1, "mean@1": 0.025})
+    assert one == "eval step 3:  accuracy 0.000  pass@1 0.025  mean@1 0.025"
+    four = _eval_line(3, {"accuracy": 0.5, "pass@1": 0.4, "k": 4, "pass@4": 0.7, "mean@4": 0.4})
+    assert four.count("pass@1") == 1 and "pass@4 0.700" in four

@@ -506,7 +506,8 @@ def _check_log_config(cfg: Config) -> None:
 
 def _eval_line(step: int, result: dict[str, Any]) -> str:
     parts = [f"eval step {step}:"]
-    for key in ("accuracy", "pass@1", f"pass@{result.get('k')}", f"mean@{result.get('k')}"):
+    keys = ("accuracy", "pass@1", f"pass@{result.get('k')}", f"mean@{result.get('k')}")
+    for key in dict.fromkeys(keys):  # k = 1: pass@1 once
         if key in result:
             parts.append(f"{key} {result[key]:.3f}")
     return "  ".join(parts)
