@@ -27,14 +27,17 @@ def _chat(url: str, content, **extra) -> httpx.Response:
     return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
 
 
-@pytest.fixture(scope="module")
-def vlm_server(llava_path):
+@pytest.fixture(scope="module", params=["hf", "native"])
+def vlm_server(llava_path, request):
     from transformers import AutoTokenizer, LlavaForConditionalGeneration
+
+    from temper.engine.native import NativeEngine
 
     model = LlavaForConditionalGeneration.from_pretrained(llava_path).eval()
     tokenizer = AutoTokenizer.from_pretrained(llava_path)
     vision = VisionProcessor.from_pretrained(llava_path)
-    engine = HFEngine(model, tokenizer, vision=vision)
+    kind = HFEngine if request.param == "hf" else NativeEngine
+    engine = kind(model, tokenizer, vision=vision)
     handle = start_server(engine, tokenizer, model_name="vlm", vision=vision)
     yield handle, vision
     handle.stop()
