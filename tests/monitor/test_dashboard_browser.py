@@ -64,8 +64,15 @@ def browser():
 def page(browser):
     """The browser, with errors from earlier tests cleared and checked after this one."""
     browser.errors.clear()
-    yield browser
-    assert browser.errors == [], browser.errors
+    try:
+        yield browser
+        assert browser.errors == [], browser.errors
+    finally:
+        # Leave the page even when the test failed: a page left polling its stopped
+        # server would fail the next test with connection errors.
+        browser.send("Page.navigate", url="about:blank")
+        browser.wait_for("location.href === 'about:blank' && document.readyState === 'complete'")
+        browser.errors.clear()
 
 
 def _latest(b: Browser, run: str, metric: str) -> dict[str, Any] | None:
@@ -320,10 +327,19 @@ def test_trajectory_browser_shows_images_inline(page, vision_runs):
         page.screenshot("trajectories-vision")
 
         page.goto(f"{srv.url}/?runs=grid#trajectories")
+        # An episode that went on past a move, so an observation showed a picture.
+        k, rec = next(
+            (i, r)
+            for i, r in enumerate(
+                read_jsonl(vision_runs / "grid" / "trajectories" / "step_000001.jsonl")
+            )
+            if any(o >= len(r["prompt_ids"]) for o, _ in r["images"])
+        )
+        page.wait_for(f"document.querySelector('#sample-list li[data-index=\"{k}\"]')")
+        page.eval(f"document.querySelector('#sample-list li[data-index=\"{k}\"]').click()")
         page.wait_for(
             f"document.querySelector('.heatmap .tok.image img') && {_LOADED.format('img')}"
         )
-        rec = read_jsonl(vision_runs / "grid" / "trajectories" / "step_000001.jsonl")[0]
         turns = _images(page, ".turn .turn-image img")
         assert [i["sha"] for i in turns] == [sha for _, sha in rec["images"]]
         assert all(i["natural"] == 64 and i["shown"] == 128 for i in turns)

@@ -137,6 +137,7 @@ def test_single_turn_prompt_shows_its_images_where_the_placeholders_are(client, 
 
 def test_multi_turn_observations_show_their_pictures_in_each_turn(client, vision_runs):
     body = client.get("/api/runs/grid/trajectories/1").json()
+    chipped = 0
     for s, rec in zip(body["samples"], _records(vision_runs, "grid"), strict=True):
         shown = [
             p["sha256"] for t in s["turns"] for p in t.get("parts", []) if p["type"] == "image"
@@ -152,12 +153,14 @@ def test_multi_turn_observations_show_their_pictures_in_each_turn(client, vision
         n_prompt = len(rec["prompt_ids"])
         chips = s["tokens"]["images"]
         observed = [(o - n_prompt, sha) for o, sha in rec["images"] if o >= n_prompt]
-        assert [(c["start"], c["sha256"]) for c in chips] == observed and chips
+        assert [(c["start"], c["sha256"]) for c in chips] == observed
+        chipped += bool(chips)
         for c in chips:
             run = rec["response_ids"][c["start"] : c["start"] + c["length"]]
             assert c["length"] == 16 and len(set(run)) == 1  # the tiny VLM's 16 image tokens
             assert s["tokens"]["mask"][c["start"] : c["start"] + c["length"]] == [0] * 16
             assert s["tokens"]["text"][c["start"]] == IMAGE_TOKEN
+    assert chipped  # some episode went on past a move, with a picture back
 
 
 def test_without_a_tokenizer_the_prompt_images_come_before_the_text(vision_runs):

@@ -63,7 +63,9 @@ def make_vision_runs(root: Path) -> Path:
         )
         run = RunDir.prepare(cfg)
         store = run_image_store(cfg)
-        params = SamplingParams(n=2, temperature=1.0, max_new_tokens=6)
+        # Room for a whole move ("\\boxed{right}" is 7 tokens): a cut-off move gets a
+        # text error back, not a picture.
+        params = SamplingParams(n=2, temperature=1.0, max_new_tokens=12)
         if name == "vision":
             tasks = [to_task(render("count", 5)), _two_pictures()]
             renderer = PromptRenderer(tokenizer, vision=vision, store=store)
