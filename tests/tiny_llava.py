@@ -95,6 +95,14 @@ def picture(seed: int, size: tuple[int, int] = (40, 30)):
     return im
 
 
+def picture_task(i: int, image_seed: int, text: str = "What is in the picture?"):
+    """A one-message task showing ``picture(image_seed)`` with ``text``."""
+    from temper.data.base import Task
+
+    content = [{"type": "image", "image": picture(image_seed)}, {"type": "text", "text": text}]
+    return Task(id=f"t{i}", prompt=[{"role": "user", "content": content}])
+
+
 def assert_trainer_matches_engine(model, trajs, vision, store):
     """The trainer's forward over the stored ids and images gives back each trajectory's
     logprobs of its sampled tokens (fp32 parity); returns the collated micro-batch."""

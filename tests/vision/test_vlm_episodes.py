@@ -7,15 +7,12 @@ from __future__ import annotations
 import asyncio
 from typing import ClassVar
 
-import pytest
-
 from temper.data.base import Task
 from temper.engine.base import SamplingParams
 from temper.engine.hf import HFEngine
 from temper.envs.base import AssistantTurn, EpisodeLimits, StepResult
 from temper.rollout.multi_turn import run_episodes
 from temper.vision import ImageStore
-from temper.vision.processor import VisionProcessor
 from temper.vision.prompting import PromptImages
 from tiny_llava import assert_trainer_matches_engine, picture
 
@@ -49,15 +46,6 @@ class PictureEnv:
 
     async def close(self) -> None:
         pass
-
-
-@pytest.fixture(scope="module")
-def vlm(llava_path):
-    from transformers import AutoTokenizer, LlavaForConditionalGeneration
-
-    model = LlavaForConditionalGeneration.from_pretrained(llava_path).eval()
-    tokenizer = AutoTokenizer.from_pretrained(llava_path)
-    return model, tokenizer, VisionProcessor.from_pretrained(llava_path)
 
 
 def _episodes(vlm, store, broken_turn=None):

@@ -10,37 +10,19 @@ import pytest
 import torch
 
 from fp32 import ENGINE_PARITY
-from temper.data.base import Task
 from temper.engine.base import SamplingParams
 from temper.engine.native import NativeEngine
 from temper.errors import ModelLoadError, TemperError
 from temper.rollout.single_turn import PromptRenderer, rollout_groups
 from temper.vision import ImageStore, load_image
-from temper.vision.processor import VisionProcessor
 from temper.weights.transport import InProcessTransport
-from tiny_llava import assert_trainer_matches_engine, picture
-
-
-def _task(i: int, image_seed: int, text: str = "What is in the picture?") -> Task:
-    content = [{"type": "image", "image": picture(image_seed)}, {"type": "text", "text": text}]
-    return Task(id=f"t{i}", prompt=[{"role": "user", "content": content}])
-
-
-@pytest.fixture(scope="module")
-def vlm(llava_path):
-    from transformers import AutoTokenizer, LlavaForConditionalGeneration
-
-    model = LlavaForConditionalGeneration.from_pretrained(llava_path).eval()
-    tokenizer = AutoTokenizer.from_pretrained(llava_path)
-    vision = VisionProcessor.from_pretrained(llava_path)
-    assert vision is not None
-    return model, tokenizer, vision
+from tiny_llava import assert_trainer_matches_engine, picture, picture_task
 
 
 def _prompt(vlm, seed: int, text: str = "What is in the picture?"):
     _, tokenizer, vision = vlm
     renderer = PromptRenderer(tokenizer, vision=vision)
-    ids, _, placed = renderer.render_images(_task(0, seed, text), keep=False)
+    ids, _, placed = renderer.render_images(picture_task(0, seed, text), keep=False)
     return ids, [image for _, image in placed]
 
 
@@ -70,7 +52,7 @@ def test_native_vlm_rollouts_train_token_exact(vlm, tmp_path):
     model, tokenizer, vision = vlm
     engine = NativeEngine(model, tokenizer, vision=vision)
     renderer = PromptRenderer(tokenizer, vision=vision)
-    tasks = [_task(0, 1), _task(1, 2), _task(2, 1, "Describe it.")]
+    tasks = [picture_task(0, 1), picture_task(1, 2), picture_task(2, 1, "Describe it.")]
     params = SamplingParams(n=2, temperature=1.0, max_new_tokens=6)
     groups = asyncio.run(rollout_groups(engine, renderer, tasks, params, seed=3))
     store = ImageStore(tmp_path)

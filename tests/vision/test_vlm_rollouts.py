@@ -9,7 +9,6 @@ import asyncio
 import pytest
 import torch
 
-from temper.data.base import Task
 from temper.engine.base import SamplingParams
 from temper.engine.hf import HFEngine
 from temper.errors import DataError
@@ -18,24 +17,8 @@ from temper.rollout.single_turn import PromptRenderer, rollout_groups
 from temper.trainer.batching import collate, plan_micro_batches
 from temper.trainer.forward import response_logits
 from temper.vision import ImageStore, load_image
-from temper.vision.processor import VisionProcessor, pixel_source
-from tiny_llava import assert_trainer_matches_engine, picture
-
-
-def _task(i: int, image_seed: int, text: str = "What is in the picture?") -> Task:
-    content = [{"type": "image", "image": picture(image_seed)}, {"type": "text", "text": text}]
-    return Task(id=f"t{i}", prompt=[{"role": "user", "content": content}])
-
-
-@pytest.fixture(scope="module")
-def vlm(llava_path):
-    from transformers import AutoTokenizer, LlavaForConditionalGeneration
-
-    model = LlavaForConditionalGeneration.from_pretrained(llava_path).eval()
-    tokenizer = AutoTokenizer.from_pretrained(llava_path)
-    vision = VisionProcessor.from_pretrained(llava_path)
-    assert vision is not None
-    return model, tokenizer, vision
+from temper.vision.processor import pixel_source
+from tiny_llava import assert_trainer_matches_engine, picture, picture_task
 
 
 def _rollouts(vlm, tasks, n=2):
@@ -49,7 +32,7 @@ def _rollouts(vlm, tasks, n=2):
 
 def test_trainer_forward_over_stored_ids_and_images_gives_the_engines_logprobs(vlm, tmp_path):
     model, _, vision = vlm
-    tasks = [_task(0, 1), _task(1, 2), _task(2, 1, "Describe it.")]
+    tasks = [picture_task(0, 1), picture_task(1, 2), picture_task(2, 1, "Describe it.")]
     groups = _rollouts(vlm, tasks)
     trajs = [t for g in groups for t in g]
     store = ImageStore(tmp_path)
@@ -68,7 +51,7 @@ def test_trainer_forward_over_stored_ids_and_images_gives_the_engines_logprobs(v
 
 def test_a_prompt_is_its_ids_and_its_images(vlm, tmp_path):
     model, _, vision = vlm
-    same_text = [_task(0, 7), _task(1, 8), _task(2, 7)]
+    same_text = [picture_task(0, 7), picture_task(1, 8), picture_task(2, 7)]
     trajs = [g[0] for g in _rollouts(vlm, same_text, n=1)]
     assert trajs[0].prompt_ids == trajs[1].prompt_ids  # same text, same placeholder ids
     assert trajs[0].prompt_key() != trajs[1].prompt_key()
@@ -94,7 +77,7 @@ def test_a_prompt_is_its_ids_and_its_images(vlm, tmp_path):
 def test_each_image_goes_through_the_image_processor_once(vlm, tmp_path):
     _, _, vision = vlm
     before = vision.encoded
-    tasks = [_task(i, 20 + i % 2) for i in range(4)]  # two distinct pictures
+    tasks = [picture_task(i, 20 + i % 2) for i in range(4)]  # two distinct pictures
     trajs = [t for g in _rollouts(vlm, tasks) for t in g]
     assert vision.encoded - before == 2
     store = ImageStore(tmp_path)
@@ -111,7 +94,7 @@ def test_images_for_a_text_model_or_without_a_pixel_source_are_refused(vlm):
     with pytest.raises(
         DataError, match="task t0: the messages show images, but the model is text-only"
     ):
-        renderer.render_images(_task(0, 1))
-    trajs = [g[0] for g in _rollouts(vlm, [_task(0, 1)], n=1)]
+        renderer.render_images(picture_task(0, 1))
+    trajs = [g[0] for g in _rollouts(vlm, [picture_task(0, 1)], n=1)]
     with pytest.raises(ValueError, match="needs a pixel source"):
         collate(trajs, [0], pad_id=0)
