@@ -380,7 +380,7 @@ class TrainerConfig(_Section):
         False,
         description="Pack trajectories into padding-free rows of micro_batch_tokens tokens "
         "(each prompt once per row, attention only within a sequence and its prompt); "
-        "batches with images train unpacked (docs/training.md).",
+        "vision-language models train unpacked (docs/training.md).",
     )
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="Where the trainer runs (world_size 1): auto = CUDA when present."

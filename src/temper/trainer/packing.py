@@ -25,8 +25,8 @@ data-parallel ranks, whole groups are spread by tokens with the largest
 differencing method (Karmarkar–Karp) in `partition_by_tokens`; within a rank,
 pieces go into rows first-fit decreasing.
 
-Vision-language rows are not packed: the caller keeps today's path for
-trajectories with images (`holds_images`).
+Vision-language rows are not packed: `PolicyTrainer` keeps today's path for
+vision-language models and for trajectories with images (`holds_images`).
 """
 
 from __future__ import annotations
@@ -338,9 +338,9 @@ def packed_attention(
         from torch.nn.attention.varlen import varlen_attn
 
         out = varlen_attn(
-            q.transpose(0, 1),
-            k.transpose(0, 1),
-            v.transpose(0, 1),
+            q.transpose(0, 1).contiguous(),
+            k.transpose(0, 1).contiguous(),
+            v.transpose(0, 1).contiguous(),
             packed.cu_q,
             packed.cu_k,
             packed.max_q,

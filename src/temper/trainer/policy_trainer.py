@@ -116,9 +116,11 @@ class PolicyTrainer:
             return response_logits(model, mb)
 
     def _packs(self, trajs: list[Trajectory]) -> bool:
-        """Whether these rows train packed: ``trainer.packing`` on, and no images
-        (vision-language rows keep the shared-prompt micro-batches of `batching`)."""
-        return self.cfg.packing and not holds_images(trajs)
+        """Whether these rows train packed: ``trainer.packing`` on, a text model and no
+        images. Vision-language models keep the shared-prompt micro-batches of
+        `batching`: their image inputs (and, for some, 3-D rotary positions) are
+        matched per prompt and per response, which a packed row does not do."""
+        return self.cfg.packing and self.pixels is None and not holds_images(trajs)
 
     @torch.no_grad()
     def _logprobs_no_grad(
