@@ -204,17 +204,22 @@ class PackedMicroBatch:
     """One packed row and the per-response tensors of `temper.trainer.batching.MicroBatch`.
 
     ``input_ids``/``position_ids`` are ``[1, T]``. ``keep`` lists the row
-    positions whose logits are needed, and ``logit_index [B, R]`` says, for
-    response b's token j, which of them predicts it (0 past the response's end,
-    where ``loss_mask`` is 0). ``response_ids``, ``loss_mask``, ``advantages``
-    and ``behaviour_logprobs`` are ``[B, R]`` as in `MicroBatch`.
+    positions whose logits are needed. The logits come back flat, one per
+    response token (``[N, vocab]``, N the batch's response tokens, row-major):
+    ``flat_index [N]`` says which kept position predicts each, ``targets`` is
+    those tokens, and `to_rows` lays per-token values out as ``[B, R]``
+    (``valid`` marks the real tokens). Flat, because rows of mixed lengths
+    padded to ``[B, R, vocab]`` would cost more than the packing saves.
+    ``response_ids``, ``loss_mask``, ``advantages`` and ``behaviour_logprobs``
+    are ``[B, R]`` as in `MicroBatch`.
     """
 
     input_ids: torch.Tensor
     position_ids: torch.Tensor
     layout: PackedLayout
     keep: torch.Tensor
-    logit_index: torch.Tensor
+    flat_index: torch.Tensor
+    valid: torch.Tensor
     response_ids: torch.Tensor
     loss_mask: torch.Tensor
     advantages: torch.Tensor
@@ -223,7 +228,12 @@ class PackedMicroBatch:
 
     @property
     def targets(self) -> torch.Tensor:
-        return self.response_ids
+        """The response tokens ``[N]``, in the order of the flat logits."""
+        return self.response_ids[self.valid]
+
+    def to_rows(self, per_token: torch.Tensor) -> torch.Tensor:
+        """Flat per-token values ``[N]`` as ``[B, R]``, zero past each response's end."""
+        return per_token.new_zeros(self.valid.shape).masked_scatter(self.valid, per_token)
 
     def to(self, device: torch.device) -> PackedMicroBatch:
         if device.type == "cpu":
@@ -275,14 +285,16 @@ def collate_packed(
     where = {q: k for k, q in enumerate(keep)}
     width = max(1, max(len(trajs[i].response_ids) for i in indices))
     shape = (len(indices), width)
-    logit_index = torch.zeros(shape, dtype=torch.long)
+    valid = torch.zeros(shape, dtype=torch.bool)
+    flat_index: list[int] = []
     response_ids = torch.full(shape, pad_id, dtype=torch.long)
     loss_mask = torch.zeros(shape, dtype=torch.float32)
     advantages = torch.zeros(shape, dtype=torch.float32)
     behaviour = torch.zeros(shape, dtype=torch.float32)
     for b, i in enumerate(indices):
         t, r = trajs[i], len(trajs[i].response_ids)
-        logit_index[b, :r] = torch.tensor([where[q] for q in needed[b]], dtype=torch.long)
+        valid[b, :r] = True
+        flat_index += [where[q] for q in needed[b]]
         response_ids[b, :r] = torch.tensor(t.response_ids, dtype=torch.long)
         loss_mask[b, :r] = torch.tensor(t.loss_mask, dtype=torch.float32)
         advantages[b, :r] = t.advantage
@@ -301,7 +313,8 @@ def collate_packed(
         position_ids=torch.tensor([pos], dtype=torch.long),
         layout=layout,
         keep=torch.tensor(keep, dtype=torch.long),
-        logit_index=logit_index,
+        flat_index=torch.tensor(flat_index, dtype=torch.long),
+        valid=valid,
         response_ids=response_ids,
         loss_mask=loss_mask,
         advantages=advantages,
@@ -386,8 +399,8 @@ def _attention_implementation(model: torch.nn.Module, name: str) -> Iterator[Non
 
 
 def packed_logits(model: torch.nn.Module, mb: PackedMicroBatch) -> torch.Tensor:
-    """Float32 logits ``[B, R, vocab]`` of a packed row; position j predicts response token j
-    (what `temper.trainer.forward.response_logits` returns for the same rows)."""
+    """Float32 logits ``[N, vocab]``, one row per response token (``mb.targets``), flat;
+    the same numbers `temper.trainer.forward.response_logits` gives as ``[B, R, vocab]``."""
     with _attention_implementation(model, ATTENTION_NAME):
         logits = model(
             input_ids=mb.input_ids,
@@ -396,4 +409,4 @@ def packed_logits(model: torch.nn.Module, mb: PackedMicroBatch) -> torch.Tensor:
             logits_to_keep=mb.keep,
             packed=mb.layout,
         ).logits[0]
-    return logits[mb.logit_index].float()
+    return logits.index_select(0, mb.flat_index).float()

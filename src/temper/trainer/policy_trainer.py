@@ -132,7 +132,7 @@ class PolicyTrainer:
         for idx in self._plan([trajs[i] for i in rows]):
             batch_rows = [rows[j] for j in idx]
             mb = self._collate(trajs, batch_rows)
-            lp = token_logprobs(self._forward_logits(model, mb), mb.targets)
+            lp = mb.to_rows(token_logprobs(self._forward_logits(model, mb), mb.targets))
             for row, i in enumerate(batch_rows):
                 result[i] = lp[row]
         return result
@@ -230,7 +230,7 @@ class PolicyTrainer:
         """The loss of micro-batch ``rows`` (summable across micro-batches); adds to ``acc``."""
         mb = self._collate(trajs, rows)
         logits = self._forward_logits(self.model, mb)
-        logprobs = token_logprobs(logits, mb.targets)
+        logprobs = mb.to_rows(token_logprobs(logits, mb.targets))
         fresh = [(row, trajs[i]) for row, i in enumerate(rows) if trajs[i].trainer_logprobs is None]
         if fresh:  # first pass: the weights the engine sampled with; one copy to host
             host = logprobs.detach().tolist()
@@ -273,11 +273,11 @@ class PolicyTrainer:
             per_token = per_token + self.algo.kl_coef * kl
             acc["kl"] += float((kl.detach() * mask).sum())
         if self.algo.entropy_coef > 0:
-            ent = entropy_from_logits(logits)
+            ent = mb.to_rows(entropy_from_logits(logits))
             per_token = per_token - self.algo.entropy_coef * ent
         else:
             with torch.no_grad():
-                ent = entropy_from_logits(logits)
+                ent = mb.to_rows(entropy_from_logits(logits))
         loss = aggregate_loss(
             per_token, mask, self.algo.loss_agg, total_tokens=totals[0], total_seqs=totals[1]
         )
