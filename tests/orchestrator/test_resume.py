@@ -1,5 +1,5 @@
 """A run SIGKILLed after a checkpoint and resumed logs the same metrics as an
-uninterrupted run with the same seed."""
+uninterrupted run with the same seed (trained with sequence packing on)."""
 
 import json
 import os
@@ -21,6 +21,7 @@ ARGS = [
     "--orchestrator.drop_zero_variance_groups=false",
     "--trainer.lr=5e-4",
     "--trainer.warmup_steps=1",
+    "--trainer.packing=true",
     "--eval.at_start=false",
     "--eval.every=0",
     "--eval.size=8",

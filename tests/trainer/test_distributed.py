@@ -252,3 +252,30 @@ def test_sharded_state_is_written_inside_the_atomic_checkpoint(tmp_path):
     with pytest.raises(OSError, match="disk full"):
         save_checkpoint(tmp_path, 2, trainer.model, tokenizer, {}, {}, keep=3, write_extra=boom)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_1"]
+
+
+@pytest.mark.slow
+def test_packed_step_on_two_ranks_matches_one_process():
+    """``trainer.packing`` on two ranks: groups split by tokens, the lighter rank padded
+    with empty packed rows; the update, metrics and logprobs equal one process's."""
+    # 16 tokens a row: rank 0 runs two rows per mini-batch, rank 1 one and an empty one.
+    cfg = CFG.model_copy(update={"packing": True, "micro_batch_tokens": 16})
+    plain = PolicyTrainer(load_model("tiny"), cfg, AlgoConfig(), TOTAL_STEPS, pad_id=0)
+    plain_batch = _batch(5, n=10)
+    plain_stats = plain.train_step(plain_batch)
+    dist = DistributedTrainer(
+        load_model("tiny"), "tiny", cfg.model_copy(update={"world_size": 2}), AlgoConfig(),
+        TOTAL_STEPS, 0,
+    )  # fmt: skip
+    try:
+        dist_batch = _batch(5, n=10)
+        dist_stats = dist.train_step(dist_batch)
+    finally:
+        dist.close()
+    assert _max_diff(_weights(plain.model), _weights(dist.model)) < TOL
+    for key, value in plain_stats.items():
+        assert dist_stats[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    for a, b in zip(plain_batch, dist_batch, strict=True):
+        torch.testing.assert_close(
+            torch.tensor(b.trainer_logprobs), torch.tensor(a.trainer_logprobs), **SAME_MATH
+        )

@@ -105,3 +105,34 @@ def test_an_unreadable_observation_image_ends_the_episode_as_an_env_error(vlm, t
         assert t.finish_reason == "env_error"
         assert "step 1 observation" in t.env_error and "not a readable image" in t.env_error
         assert t.num_turns == 2 and len(t.images) == 2
+
+
+def test_packing_keeps_image_batches_on_the_unpacked_path(vlm, tmp_path):
+    """``trainer.packing`` does not pack rows with images: they train through the
+    shared-prompt micro-batches, pixels included, and the logprobs are the engine's."""
+    import copy
+
+    import torch
+
+    from fp32 import ENGINE_PARITY
+    from temper.config.schema import AlgoConfig, TrainerConfig
+    from temper.trainer.batching import MicroBatch, plan_micro_batches
+    from temper.trainer.policy_trainer import PolicyTrainer
+    from temper.vision.processor import pixel_source
+
+    model, _, vision = vlm
+    store = ImageStore(tmp_path)
+    trajs = _episodes(vlm, store)
+    cfg = TrainerConfig(packing=True, lr=1e-6, warmup_steps=0)
+    trainer = PolicyTrainer(
+        copy.deepcopy(model), cfg, AlgoConfig(), 1, 0, pixels=pixel_source(vision, store)
+    )
+    assert trainer._plan(trajs) == plan_micro_batches(trajs, cfg.micro_batch_tokens)
+    assert isinstance(trainer._collate(trajs, [0, 1]), MicroBatch)
+    trainer.train_step(trajs)
+    for t in trajs:
+        sampled = torch.tensor(t.loss_mask, dtype=torch.bool)
+        got = torch.tensor(t.trainer_logprobs)[sampled]
+        torch.testing.assert_close(
+            got, torch.tensor(t.behaviour_logprobs)[sampled], **ENGINE_PARITY
+        )

@@ -376,6 +376,12 @@ class TrainerConfig(_Section):
         description="What one more micro-batch costs, in padded tokens: the planner cuts "
         "length-sorted rows into micro-batches trading padding against this.",
     )
+    packing: bool = Field(
+        False,
+        description="Pack trajectories into padding-free rows of micro_batch_tokens tokens "
+        "(each prompt once per row, attention only within a sequence and its prompt); "
+        "vision-language models train unpacked (docs/training.md).",
+    )
     device: Literal["auto", "cpu", "cuda"] = Field(
         "auto", description="Where the trainer runs (world_size 1): auto = CUDA when present."
     )

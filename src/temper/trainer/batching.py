@@ -104,6 +104,10 @@ class MicroBatch:
     def targets(self) -> torch.Tensor:
         return self.response_ids
 
+    def to_rows(self, per_token: torch.Tensor) -> torch.Tensor:
+        """Per-token values as ``[B, R]``: here they already are (see `PackedMicroBatch`)."""
+        return per_token
+
     def to(self, device: torch.device) -> MicroBatch:
         """The same micro-batch with its tensors on ``device`` (itself on CPU)."""
         if device.type == "cpu":

@@ -45,6 +45,7 @@ from torch.distributed.tensor import DTensor
 from temper.config.schema import AlgoConfig, TrainerConfig
 from temper.rollout.trajectory import Trajectory
 from temper.trainer.batching import MicroBatch, collate
+from temper.trainer.packing import PackedMicroBatch, collate_packed, shard_by_tokens
 from temper.trainer.policy_trainer import PolicyTrainer
 
 FULL_CPU = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -103,8 +104,14 @@ class ShardedPolicyTrainer(PolicyTrainer):
             model, spec.cfg, spec.algo, spec.total_steps, spec.pad_id, ref_model=ref_model
         )
 
-    def _shard(self, chunk: list[int]) -> list[int]:
-        """A contiguous slice of the mini-batch (keeps a group's shared prompt on one rank)."""
+    def _shard(self, trajs: list[Trajectory], chunk: list[int]) -> list[int]:
+        """This rank's rows of the mini-batch; a group's shared prompt stays on one rank.
+
+        Packed: whole groups spread by tokens (`packing.shard_by_tokens`, the same
+        deterministic plan on every rank). Otherwise a contiguous slice of rows.
+        """
+        if self.cfg.packing:
+            return shard_by_tokens(trajs, chunk, self.world_size)[self.rank]
         n, r, w = len(chunk), self.rank, self.world_size
         return chunk[r * n // w : (r + 1) * n // w]
 
@@ -115,22 +122,29 @@ class ShardedPolicyTrainer(PolicyTrainer):
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
         return plan + [[] for _ in range(int(count.item()) - len(plan))]
 
-    def _collate(self, trajs: list[Trajectory], rows: list[int]) -> MicroBatch:
+    def _collate(self, trajs: list[Trajectory], rows: list[int]) -> MicroBatch | PackedMicroBatch:
+        if self.cfg.packing:  # one model call per micro-batch, empty or not
+            if not rows:
+                trajs, rows = [self._filler()], [0]
+            return collate_packed(trajs, rows, self.pad_id).to(self.device)
         if rows:
             mb = collate(trajs, rows, self.pad_id)
         else:  # an empty micro-batch: one masked-out row, so the collectives still line up
-            filler = Trajectory(
-                task_id="",
-                group_id=-1,
-                prompt_ids=[self.pad_id],
-                response_ids=[self.pad_id] * 2,
-                loss_mask=[0, 0],
-                behaviour_logprobs=[0.0, 0.0],
-                versions=[0, 0],
-                finish_reason="",
-            )
-            mb = collate([filler], [0], self.pad_id)
+            mb = collate([self._filler()], [0], self.pad_id)
         return _widen_responses(mb, 2).to(self.device)
+
+    def _filler(self) -> Trajectory:
+        """A row that trains nothing (loss mask 0), for a rank with no rows left."""
+        return Trajectory(
+            task_id="",
+            group_id=-1,
+            prompt_ids=[self.pad_id],
+            response_ids=[self.pad_id] * 2,
+            loss_mask=[0, 0],
+            behaviour_logprobs=[0.0, 0.0],
+            versions=[0, 0],
+            finish_reason="",
+        )
 
     def _reduce_sums(self, acc: dict[str, float]) -> dict[str, float]:
         # A rank that ran only empty micro-batches may lack keys (stats logged only for

@@ -4,7 +4,8 @@ Plain PyTorch. One call to `train_step` takes a batch of scored trajectories
 (advantages already set), runs `ppo_epochs` passes of `mini_batches` optimizer
 steps each, and returns metrics. Each optimizer step accumulates gradients
 over micro-batches cut by a padded-token budget, each running its distinct
-prompts once for all their responses (`temper.trainer.forward`); the loss is
+prompts once for all their responses (`temper.trainer.forward`), or, with
+``trainer.packing``, over padding-free packed rows (`temper.trainer.packing`); the loss is
 normalised by the mini-batch's global token/sequence counts so accumulation
 equals one big batch.
 
@@ -40,6 +41,13 @@ from temper.rollout.trajectory import Trajectory
 from temper.trainer.batching import MicroBatch, PixelSource, collate, plan_micro_batches
 from temper.trainer.forward import response_logits
 from temper.trainer.optim import build_optimizer
+from temper.trainer.packing import (
+    PackedMicroBatch,
+    collate_packed,
+    holds_images,
+    packed_logits,
+    plan_packed_rows,
+)
 
 #: Importance-ratio statistics logged each step: token-weighted means and maxima.
 _RATIO_MEANS = (
@@ -99,9 +107,20 @@ class PolicyTrainer:
             return torch.autocast(device_type=self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
-    def _forward_logits(self, model: torch.nn.Module, mb: MicroBatch) -> torch.Tensor:
+    def _forward_logits(
+        self, model: torch.nn.Module, mb: MicroBatch | PackedMicroBatch
+    ) -> torch.Tensor:
         with self._autocast():
+            if isinstance(mb, PackedMicroBatch):
+                return packed_logits(model, mb)
             return response_logits(model, mb)
+
+    def _packs(self, trajs: list[Trajectory]) -> bool:
+        """Whether these rows train packed: ``trainer.packing`` on, a text model and no
+        images. Vision-language models keep the shared-prompt micro-batches of
+        `batching`: their image inputs (and, for some, 3-D rotary positions) are
+        matched per prompt and per response, which a packed row does not do."""
+        return self.cfg.packing and self.pixels is None and not holds_images(trajs)
 
     @torch.no_grad()
     def _logprobs_no_grad(
@@ -113,23 +132,27 @@ class PolicyTrainer:
         for idx in self._plan([trajs[i] for i in rows]):
             batch_rows = [rows[j] for j in idx]
             mb = self._collate(trajs, batch_rows)
-            lp = token_logprobs(self._forward_logits(model, mb), mb.targets)
+            lp = mb.to_rows(token_logprobs(self._forward_logits(model, mb), mb.targets))
             for row, i in enumerate(batch_rows):
                 result[i] = lp[row]
         return result
 
     # Seams for data parallelism (see the module docstring).
-    def _shard(self, chunk: list[int]) -> list[int]:
+    def _shard(self, trajs: list[Trajectory], chunk: list[int]) -> list[int]:
         """The rows of a mini-batch (indices into the step's trajectories) trained here."""
         return chunk
 
     def _plan(self, trajs: list[Trajectory]) -> list[list[int]]:
         """Micro-batches of ``trajs`` (lists of positions in it)."""
+        if self._packs(trajs):
+            return plan_packed_rows(trajs, self.cfg.micro_batch_tokens)
         return plan_micro_batches(
             trajs, self.cfg.micro_batch_tokens, self.cfg.micro_batch_overhead_tokens
         )
 
-    def _collate(self, trajs: list[Trajectory], rows: list[int]) -> MicroBatch:
+    def _collate(self, trajs: list[Trajectory], rows: list[int]) -> MicroBatch | PackedMicroBatch:
+        if self._packs([trajs[i] for i in rows]):
+            return collate_packed(trajs, rows, self.pad_id).to(self.device)
         return collate(trajs, rows, self.pad_id, self.pixels).to(self.device)
 
     def _reduce_sums(self, acc: dict[str, float]) -> dict[str, float]:
@@ -149,7 +172,7 @@ class PolicyTrainer:
         order = list(range(len(trajs)))
         chunks = [order[k :: self.cfg.mini_batches] for k in range(self.cfg.mini_batches)]
         chunks = [c for c in chunks if c]
-        mine = sorted({i for c in chunks for i in self._shard(c)})
+        mine = sorted({i for c in chunks for i in self._shard(trajs, c)})
         needs_old = self.cfg.ppo_epochs > 1 or self.cfg.mini_batches > 1
         old = self._logprobs_no_grad(self.model, trajs, mine) if needs_old else None
         ref = None
@@ -182,7 +205,7 @@ class PolicyTrainer:
         totals = (float(sum(t.num_policy_tokens for t in batch)), float(len(batch)))
         acc: dict[str, float] = defaultdict(float)
         self.optimizer.zero_grad(set_to_none=True)
-        mine = self._shard(chunk)
+        mine = self._shard(trajs, chunk)
         for idx in self._plan([trajs[i] for i in mine]):
             rows = [mine[j] for j in idx]
             loss = self._micro_batch_loss(trajs, rows, old, ref, totals, acc)
@@ -207,7 +230,7 @@ class PolicyTrainer:
         """The loss of micro-batch ``rows`` (summable across micro-batches); adds to ``acc``."""
         mb = self._collate(trajs, rows)
         logits = self._forward_logits(self.model, mb)
-        logprobs = token_logprobs(logits, mb.targets)
+        logprobs = mb.to_rows(token_logprobs(logits, mb.targets))
         fresh = [(row, trajs[i]) for row, i in enumerate(rows) if trajs[i].trainer_logprobs is None]
         if fresh:  # first pass: the weights the engine sampled with; one copy to host
             host = logprobs.detach().tolist()
@@ -250,11 +273,11 @@ class PolicyTrainer:
             per_token = per_token + self.algo.kl_coef * kl
             acc["kl"] += float((kl.detach() * mask).sum())
         if self.algo.entropy_coef > 0:
-            ent = entropy_from_logits(logits)
+            ent = mb.to_rows(entropy_from_logits(logits))
             per_token = per_token - self.algo.entropy_coef * ent
         else:
             with torch.no_grad():
-                ent = entropy_from_logits(logits)
+                ent = mb.to_rows(entropy_from_logits(logits))
         loss = aggregate_loss(
             per_token, mask, self.algo.loss_agg, total_tokens=totals[0], total_seqs=totals[1]
         )
