@@ -46,6 +46,13 @@ class SamplerConfig(BaseModel):
     target: float = Field(
         0.5, gt=0, lt=1, description="targeted: the pass rate to aim for (0.5: most GRPO signal)."
     )
+    explore: float = Field(
+        0.1,
+        ge=0,
+        le=1,
+        description="targeted: share of draws made uniformly over tasks (or categories), so "
+        "that sure statistics are still refreshed while the policy learns.",
+    )
     decay: float = Field(
         0.95,
         gt=0,

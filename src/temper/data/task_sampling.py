@@ -205,8 +205,10 @@ class AdaptiveSampler:
 
 
 # ---------------------------------------------------------------------- policies
-def targeted(target: float) -> Policy:
-    """Thompson draws from each arm's posterior; the draws nearest ``target`` win."""
+def targeted(target: float, explore: float) -> Policy:
+    """Thompson draws from each arm's posterior; the draws nearest ``target`` win. A share
+    ``explore`` of the draws is uniform over the arms instead, so that a category whose
+    posterior is sure (many samples) is still seen and its drift noticed."""
 
     def choose(s: AdaptiveSampler, k: int) -> list[str]:
         step, keys = s.step + 1, s.arms.keys
@@ -214,18 +216,20 @@ def targeted(target: float) -> Policy:
         def distances() -> list[float]:
             return [abs(s.rng.betavariate(*s.stats.posterior(a, step)) - target) for a in keys]
 
+        uniform = sum(s.rng.random() < explore for _ in range(k))
         if s.arms.distinct:  # distinct tasks per step while there are enough
             out: list[str] = []
-            while len(out) < k:
+            while len(out) < k - uniform:
                 d = distances()
                 ranked = sorted(range(len(keys)), key=d.__getitem__)
-                out += [keys[i] for i in ranked[: k - len(out)]]
-            return out
+                out += [keys[i] for i in ranked[: k - uniform - len(out)]]
+            rest = [a for a in keys if a not in set(out)] or keys
+            return out + [rest[s.rng.randrange(len(rest))] for _ in range(uniform)]
         chosen = []
-        for _ in range(k):  # few categories: a fresh draw per prompt gives a mix
+        for _ in range(k - uniform):  # few categories: a fresh draw per prompt gives a mix
             d = distances()
             chosen.append(keys[min(range(len(keys)), key=d.__getitem__)])
-        return chosen
+        return chosen + [keys[s.rng.randrange(len(keys))] for _ in range(uniform)]
 
     return choose
 

@@ -97,7 +97,7 @@ def build_sampler(cfg: SamplerConfig, base: TaskSampler, seed: int) -> TaskSampl
             f"(arithmetic, visual); this run's tasks come from {type(base).__name__}"
         )
     if cfg.type == "targeted":
-        policy = targeted(cfg.target)
+        policy = targeted(cfg.target, cfg.explore)
     elif cfg.type == "curriculum":
         for point in cfg.schedule:
             unknown = sorted(set(point.weights) - set(arms.keys))
