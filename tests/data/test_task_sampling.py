@@ -87,7 +87,7 @@ def test_sampler_state_resumes_the_same_draws():
     b = _arith()
     b.load_state_dict(state)
     assert [t.id for t in b.sample(50)] == [t.id for t in a.sample(50)]
-    with pytest.raises(TemperError, match="sampler.type"):
+    with pytest.raises(TemperError, match=r"sampler\.type"):
         _arith("curriculum", schedule=[{"step": 0, "weights": {"level1": 1}}]).load_state_dict(
             state
         )
@@ -115,7 +115,7 @@ def test_curriculum_over_a_dataset_walks_each_category():
 def test_unknown_curriculum_category_is_a_one_line_config_error():
     cfg = SamplerConfig(type="curriculum", schedule=[{"step": 0, "weights": {"level7": 1.0}}])
     gen = ArithmeticTasks(levels=(1, 2), seed=0)
-    with pytest.raises(ConfigError, match="unknown category 'level7'.*level1, level2"):
+    with pytest.raises(ConfigError, match=r"unknown category 'level7'.*level1, level2"):
         build_sampler(cfg, ProceduralSampler(gen, 0), seed=0)
 
 
