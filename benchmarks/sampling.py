@@ -26,6 +26,7 @@ import asyncio
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -118,7 +119,11 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=5)
     parser.add_argument("--eval-size", type=int, default=200)
     args = parser.parse_args()
-    runs = {s: [run_one(args, s, seed) for seed in args.seeds] for s in ("uniform", "targeted")}
+    runs: dict[str, list[dict]] = {"uniform": [], "targeted": []}
+    for seed in args.seeds:  # interleaved, each run's result on stderr as it ends
+        for sampler, done in runs.items():
+            done.append(run_one(args, sampler, seed))
+            print(json.dumps({"sampler": sampler, "seed": seed, **done[-1]}), file=sys.stderr)
     per_seed = [ratio(u, t) for u, t in zip(runs["uniform"], runs["targeted"], strict=True)]
     mean_u, mean_t = mean_curve(runs["uniform"]), mean_curve(runs["targeted"])
     headline = ratio(mean_u, mean_t)

@@ -223,7 +223,8 @@ def targeted(target: float, explore: float) -> Policy:
                 d = distances()
                 ranked = sorted(range(len(keys)), key=d.__getitem__)
                 out += [keys[i] for i in ranked[: k - uniform - len(out)]]
-            rest = [a for a in keys if a not in set(out)] or keys
+            taken = set(out)
+            rest = [a for a in keys if a not in taken] or keys
             return out + [rest[s.rng.randrange(len(rest))] for _ in range(uniform)]
         chosen = []
         for _ in range(k - uniform):  # few categories: a fresh draw per prompt gives a mix
