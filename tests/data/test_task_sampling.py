@@ -91,6 +91,8 @@ def test_sampler_state_resumes_the_same_draws():
         _arith("curriculum", schedule=[{"step": 0, "weights": {"level1": 1}}]).load_state_dict(
             state
         )
+    with pytest.raises(TemperError, match=r"'targeted', the config's sampler\.type is 'uniform'"):
+        ProceduralSampler(ArithmeticTasks(), 0).load_state_dict(state)
 
 
 def test_curriculum_interpolates_category_weights_over_steps():
