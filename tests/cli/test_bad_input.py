@@ -149,3 +149,33 @@ def test_hostile_config_through_the_real_command(tmp_path, content, override, wo
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert len(lines) == 1 and lines[0].startswith("temper: error: ") and words in lines[0]
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (
+            ["--sampler.type=weighted", "--sampler.function=nope/w.py:weigh"],
+            ["sampler.function 'nope/w.py:weigh'", "not found"],
+        ),
+        (
+            ["{toml}"],
+            ["unknown category 'level9'", "level1, level2, level3"],
+        ),
+        (
+            ["--orchestrator.refill=true", "--orchestrator.max_staleness=2"],
+            ["orchestrator.refill", "synchronous runs only"],
+        ),
+    ],
+)
+def test_bad_sampler_and_refill_settings(capsys, tmp_path, args, words):
+    toml = tmp_path / "curriculum.toml"
+    toml.write_text(
+        '[sampler]\ntype = "curriculum"\n[[sampler.schedule]]\nstep = 0\n'
+        "weights = { level1 = 1.0, level9 = 1.0 }\n"
+    )
+    args = [a.replace("{toml}", str(toml)) for a in args]
+    code, lines = _run(capsys, ["train", *args, f"--run.output_dir={tmp_path}", *FAST])
+    assert code == 2 and len(lines) == 1, lines
+    assert all(w in lines[0] for w in words), lines[0]
+    assert not (tmp_path / "demo").exists()  # nothing written before the check

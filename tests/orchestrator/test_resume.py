@@ -29,6 +29,14 @@ ARGS = [
     "--log.progress=false",
     "--run.seed=3",
 ]
+# Targeted task sampling with DAPO refill: the sampler's statistics, RNG and positions
+# are checkpointed too, and refill rounds draw from it.
+TARGETED = [
+    "--sampler.type=targeted",
+    "--data.levels=[1,2,3,4]",
+    "--orchestrator.drop_zero_variance_groups=true",
+    "--orchestrator.refill=true",
+]
 # Timings differ between runs; everything else must match, up to float rounding, which
 # can differ between two processes (seen at 1e-7 relative in entropy and grad norm once
 # the engine's prefix cache changed what the process allocates; no token differed).
@@ -55,12 +63,16 @@ def _metrics(path: Path) -> dict[int, dict]:
     return {r["step"]: {k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows}
 
 
-def test_sigkill_and_resume_matches_uninterrupted(tmp_path):
+@pytest.mark.parametrize("sampling", [[], TARGETED], ids=["uniform", "targeted_refill"])
+def test_sigkill_and_resume_matches_uninterrupted(tmp_path, sampling):
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    subprocess.run(_cmd(tmp_path, "full"), check=True, env=env, capture_output=True)
+    subprocess.run(_cmd(tmp_path, "full", *sampling), check=True, env=env, capture_output=True)
 
     proc = subprocess.Popen(
-        _cmd(tmp_path, "killed"), env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        _cmd(tmp_path, "killed", *sampling),
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     marker = tmp_path / "killed" / "checkpoints" / "step_2" / "state.json"
     deadline = time.time() + 240
@@ -71,13 +83,18 @@ def test_sigkill_and_resume_matches_uninterrupted(tmp_path):
     proc.wait()
 
     resumed = subprocess.run(
-        _cmd(tmp_path, "killed", "--run.resume=true"), env=env, capture_output=True, text=True
+        _cmd(tmp_path, "killed", *sampling, "--run.resume=true"),
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
 
     full = _metrics(tmp_path / "full" / "metrics.jsonl")
     again = _metrics(tmp_path / "killed" / "metrics.jsonl")
     assert sorted(again) == [1, 2, 3, 4]
+    if sampling:  # the targeted sampler and refill ran (their metrics are compared below)
+        assert "sampler/pass_rate/level4" in full[3] and "refill/extra_prompts" in full[3]
     for step in (3, 4):
         assert again[step].keys() == full[step].keys()
         for key, value in full[step].items():

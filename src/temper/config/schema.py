@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from temper.config.sampler import SamplerConfig
 from temper.envs.base import EpisodeLimits
 from temper.monitor.health import HealthConfig
 
@@ -427,6 +428,18 @@ class OrchestratorConfig(_Section):
     drop_zero_variance_groups: bool = Field(
         True, description="Skip groups where every sample got the same reward (no signal)."
     )
+    refill: bool = Field(
+        False,
+        description="DAPO dynamic sampling: sample more prompts and generate again until the "
+        "step holds prompts_per_step groups with differing rewards (needs "
+        "drop_zero_variance_groups; synchronous runs only). Logs refill/* metrics.",
+    )
+    max_refill_rounds: int = Field(
+        4,
+        ge=1,
+        description="refill: extra generation rounds per step at most (each asks for at most "
+        "prompts_per_step prompts); a step still short trains on what it has.",
+    )
     max_seconds: float | None = Field(
         None, gt=0, description="Stop training after this wall-clock budget."
     )
@@ -493,6 +506,17 @@ class OrchestratorConfig(_Section):
             raise ValueError(
                 "orchestrator.train_from is required when orchestrator.mode = 'train_only'"
             )
+        if self.refill and not self.drop_zero_variance_groups:
+            raise ValueError(
+                "orchestrator.refill needs orchestrator.drop_zero_variance_groups = true"
+            )
+        if self.refill and self.max_staleness:
+            raise ValueError(
+                "orchestrator.refill works in synchronous runs only (max_staleness = 0): async "
+                "batches are groups finished in the background (docs/sampling.md)"
+            )
+        if self.refill and self.mode == "train_only":
+            raise ValueError("orchestrator.refill needs generation: not with mode = 'train_only'")
         if self.max_staleness and self.mode != "train":
             raise ValueError("orchestrator.max_staleness > 0 needs orchestrator.mode = 'train'")
         return self
@@ -562,6 +586,7 @@ class Config(_Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     data: DataConfig = Field(default_factory=DataConfig)
+    sampler: SamplerConfig = Field(default_factory=SamplerConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)

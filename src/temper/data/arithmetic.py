@@ -273,6 +273,21 @@ class ArithmeticTasks:
         """k training-split tasks drawn from `rng` (the instance's own stream if None)."""
         return [to_task(self.sample_problem(rng)) for _ in range(k)]
 
+    @property
+    def categories(self) -> tuple[str, ...]:
+        """The task categories, one per level: `"level1"`, ... (for task samplers)."""
+        return tuple(f"level{lv}" for lv in self.levels)
+
+    def sample_in(self, rng: random.Random, category: str) -> Task:
+        """One training-split task of `category` (one of `categories`)."""
+        if category not in self.categories:
+            raise ValueError(f"unknown arithmetic category {category!r}; have {self.categories}")
+        level = int(category.removeprefix("level"))
+        while True:
+            problem = make_problem(rng, level)
+            if not is_heldout(problem):
+                return to_task(problem)
+
     def __iter__(self) -> Iterator[Task]:
         while True:
             yield to_task(self.sample_problem())

@@ -12,6 +12,7 @@ import random
 from typing import Any, Protocol
 
 from temper.data.base import Task
+from temper.errors import TemperError
 
 
 class TaskGenerator(Protocol):
@@ -54,6 +55,7 @@ class ListSampler:
         return {"epoch": self.epoch, "pos": self.pos}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        _check_uniform(state)
         self.epoch, self.pos = int(state["epoch"]), int(state["pos"])
         self._order = self._permutation(self.epoch)
 
@@ -73,6 +75,16 @@ class ProceduralSampler:
         return {"rng": [version, list(internal), gauss], "drawn": self.drawn}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        _check_uniform(state)
         version, internal, gauss = state["rng"]
         self.rng.setstate((version, tuple(internal), gauss))
         self.drawn = int(state["drawn"])
+
+
+def _check_uniform(state: dict[str, Any]) -> None:
+    """Refuse the state of an adaptive sampler (temper.data.task_sampling), which says its type."""
+    if "type" in state:
+        raise TemperError(
+            f"the checkpoint's task sampler is {state['type']!r}, the config's sampler.type is "
+            "'uniform': resume with the sampler the run started with"
+        )

@@ -247,6 +247,20 @@ class VisualTasks:
         """k training-split tasks drawn from `rng` (the instance's own stream if None)."""
         return [to_task(self.sample_scene(rng)) for _ in range(k)]
 
+    @property
+    def categories(self) -> tuple[str, ...]:
+        """The task categories: the kinds (for task samplers)."""
+        return self.kinds
+
+    def sample_in(self, rng: random.Random, category: str) -> Task:
+        """One training-split task of kind `category`."""
+        if category not in self.kinds:
+            raise ValueError(f"unknown visual kind {category!r}; have {self.kinds}")
+        while True:
+            key = rng.getrandbits(48)
+            if not is_heldout(category, key):
+                return to_task(render(category, key))
+
     def heldout_scenes(self, n: int = 200, seed: int = 1234) -> list[Scene]:
         """n held-out scenes, kinds round-robin (keys are 48-bit, so they are distinct)."""
         rng, out = random.Random(seed), []

@@ -8,12 +8,22 @@ from typing import Any
 import torch
 
 from temper.config import Config
+from temper.config.sampler import SamplerConfig
 from temper.config.schema import DataConfig, RewardConfig
 from temper.data.base import Task
 from temper.data.sampler import ListSampler, ProceduralSampler, TaskSampler
+from temper.data.task_sampling import (
+    AdaptiveSampler,
+    CategorisedGenerator,
+    CategoryArms,
+    TaskArms,
+    curriculum,
+    targeted,
+    weighted,
+)
 from temper.devices import resolve_device
 from temper.engine.base import Engine
-from temper.errors import DataError
+from temper.errors import ConfigError, DataError
 from temper.models.loader import resolve_model_path
 from temper.orchestrator.backend import Rollouts
 from temper.rewards.base import Reward
@@ -61,6 +71,49 @@ def build_tasks(cfg: DataConfig, seed: int) -> tuple[TaskSampler, list[Task]]:
         heldout = [train[i] for i in order[:n_eval]]
         train = [train[i] for i in order[n_eval:]]
     return ListSampler(train, seed), heldout
+
+
+def build_sampler(cfg: SamplerConfig, base: TaskSampler, seed: int) -> TaskSampler:
+    """The configured task sampler over the tasks of ``base`` (the uniform sampler the data
+    or env gives); ``base`` itself for ``type = "uniform"``."""
+    if cfg.type == "uniform":
+        return base
+    by = "category" if cfg.type == "curriculum" else cfg.stats_by
+    if isinstance(base, ListSampler):
+        by = "task" if by == "auto" else by
+        arms: TaskArms | CategoryArms = (
+            TaskArms(base.tasks) if by == "task" else CategoryArms(seed, tasks=base.tasks)
+        )
+    elif isinstance(base, ProceduralSampler) and isinstance(base.generator, CategorisedGenerator):
+        if by == "task":
+            raise ConfigError(
+                "sampler.stats_by = 'task' needs a finite task list: procedural tasks rarely "
+                "repeat, so their statistics are kept per category"
+            )
+        arms = CategoryArms(seed, generator=base.generator)
+    else:
+        raise ConfigError(
+            f"sampler.type = {cfg.type!r} needs a task list or a generator with categories "
+            f"(arithmetic, visual); this run's tasks come from {type(base).__name__}"
+        )
+    if cfg.type == "targeted":
+        policy = targeted(cfg.target, cfg.explore)
+    elif cfg.type == "curriculum":
+        for point in cfg.schedule:
+            unknown = sorted(set(point.weights) - set(arms.keys))
+            if unknown:
+                raise ConfigError(
+                    f"sampler.schedule (step {point.step}): unknown category {unknown[0]!r}; "
+                    f"the tasks' categories are {', '.join(arms.keys)}"
+                )
+        policy = curriculum(cfg.schedule)
+    else:
+        from temper.rewards.trl_adapter import load_reward_function
+
+        assert cfg.function is not None
+        fn = load_reward_function(cfg.function, what="sampler.function")
+        policy = weighted(fn, cfg.function)
+    return AdaptiveSampler(arms, policy, seed, cfg.decay, cfg.type)
 
 
 def build_reward(cfg: RewardConfig, tokenizer: Any = None) -> Reward:
@@ -187,12 +240,12 @@ def build_run_tasks(cfg: Config) -> tuple[TaskSampler, list[Task], Any]:
 
         spec = build_env_spec(cfg.env.type, cfg.env.options, cfg.run.seed)
         if spec.train is not None and spec.heldout is not None:
-            return spec.train, spec.heldout, spec
+            return build_sampler(cfg.sampler, spec.train, cfg.run.seed), spec.heldout, spec
     train, heldout = build_tasks(cfg.data, cfg.run.seed)
     if spec is not None:
         train = spec.train if spec.train is not None else train
         heldout = spec.heldout if spec.heldout is not None else heldout
-    return train, heldout, spec
+    return build_sampler(cfg.sampler, train, cfg.run.seed), heldout, spec
 
 
 def build_vision(cfg: Config) -> VisionProcessor | None:

@@ -19,9 +19,8 @@ from typing import Any
 import torch
 
 from temper import compute
-from temper.algos import compute_advantages
 from temper.config import Config
-from temper.data.base import Task
+from temper.data.task_sampling import LearnsFromResults
 from temper.engine.base import SamplingParams
 from temper.errors import ConfigError, DataError
 from temper.eval.harness import evaluate
@@ -42,6 +41,7 @@ from temper.orchestrator.async_rollouts import AsyncRollouts
 from temper.orchestrator.backend import publish_weights
 from temper.orchestrator.build import build_run_tasks, build_vision
 from temper.orchestrator.placement import build_backend
+from temper.orchestrator.refill import assign_advantages, step_groups
 from temper.orchestrator.run_dir import RunDir
 from temper.orchestrator.run_guard import RunGuard, check_can_learn, check_reward_functions
 from temper.rollout.multi_turn import episode_stats
@@ -54,38 +54,6 @@ from temper.trainer.checkpoint import (
     set_rng_state,
 )
 from temper.trainer.distributed import build_trainer
-
-
-def assign_advantages(
-    groups: list[list[Trajectory]], estimator: str, drop_zero_variance: bool
-) -> tuple[list[Trajectory], int]:
-    """Set `advantage` on each trajectory; returns (kept trajectories, dropped groups).
-
-    Groups are computed per group size (all groups here share one size).
-    Trajectories whose reward is NaN (scoring failed with on_error="drop") are
-    removed from their group first.
-    """
-    kept: list[Trajectory] = []
-    dropped = 0
-    usable = []
-    for g in groups:
-        # NaN reward: scoring failed with on_error="drop"; no tokens: the env failed at reset.
-        g = [t for t in g if not math.isnan(t.reward) and t.num_tokens > 0]
-        if len(g) < 2 or (drop_zero_variance and len({t.reward for t in g}) == 1):
-            dropped += 1
-            continue
-        usable.append(g)
-    by_size: dict[int, list[list[Trajectory]]] = {}
-    for g in usable:
-        by_size.setdefault(len(g), []).append(g)
-    for gs in by_size.values():
-        rewards = torch.tensor([[t.reward for t in g] for g in gs], dtype=torch.float32)
-        adv = compute_advantages(estimator, rewards)
-        for gi, g in enumerate(gs):
-            for ti, t in enumerate(g):
-                t.advantage = float(adv[gi, ti])
-                kept.append(t)
-    return kept, dropped
 
 
 def load_recorded_groups(folder: str | None, step: int) -> tuple[list[list[Trajectory]], dict]:
@@ -248,16 +216,29 @@ class SyncOrchestrator:
         t0 = time.perf_counter()
         version_before = self.backend.version
         mode = cfg.orchestrator.mode
+        extra: dict[str, float] = {}  # refill and sampler metrics
         if mode == "train_only":
             groups, rollout_stats = load_recorded_groups(cfg.orchestrator.train_from, step)
+            generated = groups
         elif self.async_rollouts is not None:
             groups, rollout_stats = await self.async_rollouts.take(step)
+            generated = groups
         else:
-            tasks: list[Task] = self.sampler.sample(cfg.orchestrator.prompts_per_step)
-            groups, rollout_stats = await self.rollouts.source.groups(
-                tasks, self._sampling(), seed=cfg.run.seed * 1_000_003 + step
+            batch = await step_groups(
+                self.rollouts.source,
+                self.sampler,
+                self._sampling(),
+                prompts=cfg.orchestrator.prompts_per_step,
+                seed=cfg.run.seed * 1_000_003 + step,
+                refill=cfg.orchestrator.refill,
+                max_rounds=cfg.orchestrator.max_refill_rounds,
             )
-        flat = [t for g in groups for t in g]
+            groups, rollout_stats, extra = batch.train, batch.stats, batch.metrics
+            generated = batch.generated
+        flat = [t for g in generated for t in g]
+        if isinstance(self.sampler, LearnsFromResults) and mode != "train_only":
+            self.sampler.observe(step, flat)  # every group, zero-variance ones too
+            extra |= self.sampler.metrics()
         self._last_trajs = flat
         failures = int(rollout_stats["reward_errors"])
         t2 = time.perf_counter()
@@ -295,7 +276,7 @@ class SyncOrchestrator:
         m: dict[str, Any] = {"step": step, **rollout_metrics(flat), **train_stats}
         m.update(
             groups_kept=len(groups) - dropped,
-            groups_dropped=dropped,
+            groups_dropped=len(generated) - len(groups) + dropped,
             samples=len(flat),
             reward_errors=failures,
             policy_version=self.backend.version,
@@ -310,6 +291,7 @@ class SyncOrchestrator:
         sampled = [v for t in flat for v, mask in zip(t.versions, t.loss_mask, strict=True) if mask]
         m["staleness_max"] = float(max((version_before - v for v in sampled), default=0))
         m["staleness_mean"] = sum(version_before - v for v in sampled) / max(len(sampled), 1)
+        m.update(extra)
         if self.async_rollouts is not None:
             m.update(self.async_rollouts.metrics())
         if self.backend.abilities.metrics:  # e.g. workers/* with rollout workers

@@ -212,44 +212,42 @@ class TRLRewardFunction:
         )
 
 
-def load_reward_function(spec: str) -> Callable[..., Any]:
+def load_reward_function(spec: str, what: str = "reward function") -> Callable[..., Any]:
     """Import a function from `"package.module:function"` or `"path/to/file.py:function"`.
 
     The part after the colon may be dotted (`module:Class.method`). Raises a
     TemperError naming the spec when the module or file cannot be imported, the
-    attribute is missing, or it is not callable.
+    attribute is missing, or it is not callable; ``what`` names the function's role in it.
     """
     module_part, sep, attr = spec.rpartition(":")
     if not sep or not module_part or not attr:
         raise TemperError(
-            f"reward function {spec!r} must look like 'package.module:function' "
+            f"{what} {spec!r} must look like 'package.module:function' "
             "or 'path/to/file.py:function'"
         )
     if module_part.endswith(".py") or "/" in module_part or "\\" in module_part:
-        module = _import_file(Path(module_part), spec)
+        module = _import_file(Path(module_part), spec, what)
     else:
         try:
             module = importlib.import_module(module_part)
         except Exception as exc:
             raise TemperError(
-                f"cannot import module {module_part!r} for reward function {spec!r}: {_one_line(exc)}"
+                f"cannot import module {module_part!r} for {what} {spec!r}: {_one_line(exc)}"
             ) from exc
     obj: Any = module
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise TemperError(
-                f"reward function {spec!r}: {module_part!r} has no attribute {attr!r}"
-            )
+            raise TemperError(f"{what} {spec!r}: {module_part!r} has no attribute {attr!r}")
         obj = getattr(obj, part)
     if not callable(obj):
-        raise TemperError(f"reward function {spec!r} is a {type(obj).__name__}, not a function")
+        raise TemperError(f"{what} {spec!r} is a {type(obj).__name__}, not a function")
     return obj
 
 
-def _import_file(path: Path, spec: str) -> Any:
+def _import_file(path: Path, spec: str, what: str) -> Any:
     """Import a Python file as a module (registered in sys.modules under a unique name)."""
     if not path.is_file():
-        raise TemperError(f"reward function {spec!r}: file {str(path)!r} not found")
+        raise TemperError(f"{what} {spec!r}: file {str(path)!r} not found")
     resolved = path.resolve()
     digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:10]
     name = f"_temper_reward_{resolved.stem}_{digest}"
@@ -257,7 +255,7 @@ def _import_file(path: Path, spec: str) -> Any:
         return sys.modules[name]
     module_spec = importlib.util.spec_from_file_location(name, resolved)
     if module_spec is None or module_spec.loader is None:
-        raise TemperError(f"reward function {spec!r}: cannot load {str(path)!r} as Python")
+        raise TemperError(f"{what} {spec!r}: cannot load {str(path)!r} as Python")
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = module
     try:
@@ -265,6 +263,6 @@ def _import_file(path: Path, spec: str) -> Any:
     except Exception as exc:
         del sys.modules[name]
         raise TemperError(
-            f"reward function {spec!r}: importing {str(path)!r} failed: {_one_line(exc)}"
+            f"{what} {spec!r}: importing {str(path)!r} failed: {_one_line(exc)}"
         ) from exc
     return module
