@@ -25,6 +25,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -74,6 +75,15 @@ def plan_micro_batches(
     return batches[::-1]
 
 
+def tensor_fields_to(batch: Any, device: torch.device) -> dict[str, object]:
+    """The dataclass ``batch``'s tensor fields moved to ``device``, by field name."""
+    return {
+        f.name: getattr(batch, f.name).to(device)
+        for f in dataclasses.fields(batch)
+        if isinstance(getattr(batch, f.name), torch.Tensor)
+    }
+
+
 @dataclass
 class MicroBatch:
     """Tensors for one forward: distinct prompts once, responses per row.
@@ -112,11 +122,7 @@ class MicroBatch:
         """The same micro-batch with its tensors on ``device`` (itself on CPU)."""
         if device.type == "cpu":
             return self
-        moved: dict[str, object] = {
-            f.name: getattr(self, f.name).to(device)
-            for f in dataclasses.fields(self)
-            if isinstance(getattr(self, f.name), torch.Tensor)
-        }
+        moved = tensor_fields_to(self, device)
         for name in ("prompt_pixels", "response_pixels"):
             moved[name] = {k: v.to(device) for k, v in getattr(self, name).items()}
         return dataclasses.replace(self, **moved)

@@ -42,6 +42,7 @@ import torch
 from transformers import AttentionInterface
 
 from temper.rollout.trajectory import Trajectory
+from temper.trainer.batching import tensor_fields_to
 
 #: The name `packed_attention` is registered under (a model runs it inside `packed_forward`).
 ATTENTION_NAME = "temper_packed"
@@ -238,11 +239,7 @@ class PackedMicroBatch:
     def to(self, device: torch.device) -> PackedMicroBatch:
         if device.type == "cpu":
             return self
-        moved: dict[str, object] = {
-            f.name: getattr(self, f.name).to(device)
-            for f in dataclasses.fields(self)
-            if isinstance(getattr(self, f.name), torch.Tensor)
-        }
+        moved = tensor_fields_to(self, device)
         return dataclasses.replace(self, **moved, layout=self.layout.to(device))
 
 
