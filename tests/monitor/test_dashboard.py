@@ -8,7 +8,6 @@ record carries per-token `trainer_logprobs`. The browser tests reuse it.
 
 from __future__ import annotations
 
-import http.client
 import json
 import math
 import shutil
@@ -18,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+from raw_http import raw_get
 from tokenizers import Tokenizer
 
 import temper
@@ -343,14 +343,8 @@ def test_other_host_names_are_refused(server):
     assert ok.status_code == 200
 
 
-def _raw_get(server: DashboardServer, path: str) -> tuple[int, str]:
-    """GET with the path sent exactly as written (httpx would normalise '..' away)."""
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
-    conn.request("GET", path)
-    resp = conn.getresponse()
-    body = resp.read().decode()
-    conn.close()
-    return resp.status, body
+def _raw_get(server, path: str) -> tuple[int, str]:
+    return raw_get(server.port, path)
 
 
 @pytest.mark.parametrize(

@@ -7,13 +7,13 @@ holds single-turn picture questions (one prompt shows two pictures back to back)
 
 from __future__ import annotations
 
-import http.client
 import io
 import json
 
 import httpx
 import pytest
 from PIL import Image as PILImage
+from raw_http import raw_get
 
 from temper.monitor.dashboard import DashboardServer
 from temper.monitor.dashboard.samples import sample_view
@@ -83,14 +83,8 @@ def test_unknown_images_and_runs_are_404s(client, vision_runs):
     assert r.status_code == 404 and "no run named 'nope'" in r.json()["detail"]
 
 
-def _raw_get(server, path):
-    """GET with the path sent exactly as written (httpx would normalise '..' away)."""
-    conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=10)
-    conn.request("GET", path)
-    resp = conn.getresponse()
-    body = resp.read().decode()
-    conn.close()
-    return resp.status, body
+def _raw_get(server, path: str) -> tuple[int, str]:
+    return raw_get(server.port, path)
 
 
 @pytest.mark.parametrize(
