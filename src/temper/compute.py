@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import functools
+import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -88,6 +89,12 @@ def set_threads(n: int) -> None:
     """Set torch's intra-op thread count on the compute thread (and the caller's)."""
     torch.set_num_threads(n)
     run(torch.set_num_threads, n)
+
+
+def cores() -> int:
+    """The CPUs this process may run on (its affinity mask: ``taskset``, cgroups)."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, int(n or 1))
 
 
 def get_threads() -> int:

@@ -246,6 +246,17 @@ def _parser() -> argparse.ArgumentParser:
     cmp = sub.add_parser("compare", help="two runs side by side: metrics and config diff")
     cmp.add_argument("run_a", help="first run directory")
     cmp.add_argument("run_b", help="second run directory")
+    pl = sub.add_parser(
+        "plan", help="expected step time of each placement, from a run's measured stages"
+    )
+    pl.add_argument("run_dir", help="a run directory")
+    pl.add_argument(
+        "--units", type=int, default=None, help="cores to plan for (default: the run's)"
+    )
+    pl.add_argument(
+        "--max-staleness", type=int, default=None, help="most staleness an option may use"
+    )
+    pl.add_argument("--json", action="store_true", help="print the plan as one JSON object")
     rp = sub.add_parser(
         "replay", help="re-run a run's env on recorded episodes; check observations and rewards"
     )
@@ -396,6 +407,20 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    from temper.orchestrator.auto_placement import run_plan
+    from temper.orchestrator.stage_model import format_plan
+
+    for flag, value in (("--units", args.units), ("--max-staleness", args.max_staleness)):
+        if value is not None and value < (1 if flag == "--units" else 0):
+            raise ConfigError(
+                f"{flag} must be {'>= 1' if flag == '--units' else '>= 0'}, got {value}"
+            )
+    plan = run_plan(args.run_dir, args.units, args.max_staleness)
+    print(json.dumps(plan.to_json()) if args.json else format_plan(plan))
+    return 0
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     from temper.config.load import load_run_config
     from temper.envs.registry import build_env_spec
@@ -517,6 +542,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_inspect(args)
         if args.command == "compare":
             return cmd_compare(args)
+        if args.command == "plan":
+            return cmd_plan(args)
         if args.command == "serve":
             return cmd_serve(args, overrides)
         if args.command == "serve-rm":

@@ -69,6 +69,30 @@ class _Finished:
     oldest: int
 
 
+class BusyClock:
+    """Wall time during which at least one group was in flight (the rollout side busy)."""
+
+    def __init__(self) -> None:
+        self.total = 0.0
+        self._since: float | None = None
+        self._reported = 0.0
+
+    def update(self, busy: bool) -> None:
+        now = time.perf_counter()
+        if busy and self._since is None:
+            self._since = now
+        elif not busy and self._since is not None:
+            self.total += now - self._since
+            self._since = None
+
+    def lap(self) -> float:
+        """Busy seconds since the previous lap."""
+        now = time.perf_counter()
+        total = self.total + (now - self._since if self._since is not None else 0.0)
+        lap, self._reported = total - self._reported, total
+        return lap
+
+
 @dataclass
 class AsyncStats:
     """Counters since the start of the run (`AsyncRollouts.metrics` reports them)."""
@@ -108,6 +132,7 @@ class AsyncRollouts:
         self.prompts_per_step, self.max_staleness = prompts_per_step, max_staleness
         self.interrupt, self.seed, self.version = interrupt, seed, version
         self.stats = AsyncStats()
+        self.busy = BusyClock()
         self._first_step = 1
         self._next_group = 0
         self._in_flight: set[_Job] = set()
@@ -152,6 +177,9 @@ class AsyncRollouts:
         stats = {
             "time_generate_s": waited,
             "time_reward_s": 0.0,
+            # What the rollout side spent generating (and scoring) while this step's
+            # batch was made: the stage model's rollout time for an async step.
+            "time_rollout_busy_s": self.busy.lap(),
             "reward_errors": sum(item.stats.get("reward_errors", 0.0) for item in taken),
         }
         return groups, stats
@@ -209,6 +237,7 @@ class AsyncRollouts:
         job.attempt += 1
         job.handle = asyncio.get_running_loop().create_task(self._run(job, job.attempt))
         self._in_flight.add(job)
+        self.busy.update(True)
         self.stats.started += 1
 
     async def _run(self, job: _Job, attempt: int) -> None:
@@ -226,12 +255,14 @@ class AsyncRollouts:
         finally:
             if attempt == job.attempt:
                 self._in_flight.discard(job)
+            self.busy.update(bool(self._in_flight))
             self._changed.set()
 
     def _cancel(self, job: _Job, expired: bool) -> None:
         if job.handle is not None:
             job.handle.cancel()
         self._in_flight.discard(job)
+        self.busy.update(bool(self._in_flight))
         job.restarts += 1
         self._restart.append(job)
         if expired:

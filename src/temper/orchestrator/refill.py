@@ -23,6 +23,7 @@ combination (docs/sampling.md).
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -105,6 +106,9 @@ async def step_groups(
     informative: Groups = []
     stats = {"time_generate_s": 0.0, "time_reward_s": 0.0, "reward_errors": 0.0}
     n, rounds = prompts, 0
+    # The rollout stage's wall time (generation and scoring, however a source splits or
+    # overlaps them): what the stage model (temper plan) calls the rollout time.
+    started = time.perf_counter()
     while True:
         groups, round_stats = await source.groups(
             sampler.sample(n), params, seed=seed + rounds * ROUND_SEED_STRIDE
@@ -123,6 +127,7 @@ async def step_groups(
         missing = prompts - len(informative)
         frac = len(informative) / len(generated)
         n = min(prompts, math.ceil(missing / frac)) if frac > 0 else prompts
+    stats["time_rollout_busy_s"] = time.perf_counter() - started
     if not refill:
         return StepGroups(generated, generated, stats)
     metrics = {

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from temper.config import Config, dump_config
-from temper.errors import ConfigError, TemperError
+from temper.errors import ConfigError, DataError, TemperError
+from temper.monitor.sinks import read_jsonl
 from temper.rollout.trajectory import Trajectory
 from temper.trainer.checkpoint import list_checkpoints, remove_partial_checkpoints
 
@@ -236,3 +237,19 @@ def _config_changes(old_file: Path, cfg: Config) -> dict[str, tuple[Any, Any]]:
     new = _flatten(tomllib.loads(dump_config(cfg)))
     keys = (old.keys() | new.keys()) - _RESUME_FREE
     return {k: (old.get(k), new.get(k)) for k in sorted(keys) if old.get(k) != new.get(k)}
+
+
+def load_recorded_groups(folder: str | None, step: int) -> tuple[list[list[Trajectory]], dict]:
+    """The trajectories recorded at ``step`` in ``folder``, grouped by ``group_id``."""
+    path = Path(str(folder)) / f"step_{step:06d}.jsonl"
+    if not path.is_file():
+        raise DataError(
+            f"orchestrator.train_from: no recorded trajectories for step {step} ({path})"
+        )
+    groups: dict[int, list[Trajectory]] = {}
+    for record in read_jsonl(path):
+        record["trainer_logprobs"] = None  # recomputed by this run's trainer
+        traj = Trajectory(**record)
+        groups.setdefault(traj.group_id, []).append(traj)
+    stats = {"time_generate_s": 0.0, "time_reward_s": 0.0, "reward_errors": 0.0}
+    return list(groups.values()), stats

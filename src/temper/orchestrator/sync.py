@@ -10,7 +10,6 @@ left off (an async one loses the groups in flight: docs/async.md).
 
 from __future__ import annotations
 
-import math
 import resource
 import time
 from pathlib import Path
@@ -22,7 +21,7 @@ from temper import compute
 from temper.config import Config
 from temper.data.task_sampling import LearnsFromResults
 from temper.engine.base import SamplingParams
-from temper.errors import ConfigError, DataError
+from temper.errors import ConfigError
 from temper.eval.harness import evaluate
 from temper.models import load_model, load_tokenizer, resolve_model_path
 from temper.monitor.external_sinks import build_sinks, check_sinks
@@ -34,16 +33,23 @@ from temper.monitor.sinks import (
     FanOutSink,
     JsonlSink,
     numeric_scalars,
-    read_jsonl,
     truncate_jsonl_after_step,
 )
 from temper.orchestrator.async_rollouts import AsyncRollouts
+from temper.orchestrator.auto_placement import (
+    AutoPlacement,
+    check_auto_placement,
+    fixed_placement,
+    placement_metrics,
+)
 from temper.orchestrator.backend import publish_weights
 from temper.orchestrator.build import build_run_tasks, build_vision
 from temper.orchestrator.placement import build_backend
 from temper.orchestrator.refill import assign_advantages, step_groups
-from temper.orchestrator.run_dir import RunDir
+from temper.orchestrator.run_dir import RunDir, load_recorded_groups
 from temper.orchestrator.run_guard import RunGuard, check_can_learn, check_reward_functions
+from temper.orchestrator.stage_model import format_plan
+from temper.orchestrator.step_metrics import rollout_metrics
 from temper.rollout.multi_turn import episode_stats
 from temper.rollout.single_turn import check_prompt_fits
 from temper.rollout.trajectory import Trajectory
@@ -54,41 +60,6 @@ from temper.trainer.checkpoint import (
     set_rng_state,
 )
 from temper.trainer.distributed import build_trainer
-
-
-def load_recorded_groups(folder: str | None, step: int) -> tuple[list[list[Trajectory]], dict]:
-    """The trajectories recorded at ``step`` in ``folder``, grouped by ``group_id``."""
-    path = Path(str(folder)) / f"step_{step:06d}.jsonl"
-    if not path.is_file():
-        raise DataError(
-            f"orchestrator.train_from: no recorded trajectories for step {step} ({path})"
-        )
-    groups: dict[int, list[Trajectory]] = {}
-    for record in read_jsonl(path):
-        record["trainer_logprobs"] = None  # recomputed by this run's trainer
-        traj = Trajectory(**record)
-        groups.setdefault(traj.group_id, []).append(traj)
-    stats = {"time_generate_s": 0.0, "time_reward_s": 0.0, "reward_errors": 0.0}
-    return list(groups.values()), stats
-
-
-def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:
-    rewards = torch.tensor([t.reward for t in trajs if not math.isnan(t.reward)] or [0.0])
-    lengths = [t.num_policy_tokens for t in trajs]
-    out = {
-        "reward_mean": float(rewards.mean()),
-        "reward_std": float(rewards.std(unbiased=False)),
-        "accuracy": sum(bool(t.correct) for t in trajs) / max(len(trajs), 1),
-        "response_len_mean": sum(lengths) / max(len(lengths), 1),
-        "response_len_max": float(max(lengths, default=0)),
-        "truncated_frac": sum(t.truncated for t in trajs) / max(len(trajs), 1),
-        "tokens_generated": float(sum(lengths)),
-    }
-    names = {n for t in trajs for n in t.reward_components}
-    for name in sorted(names):
-        vals = [t.reward_components[name] for t in trajs if name in t.reward_components]
-        out[f"reward/{name}"] = sum(vals) / len(vals)
-    return out
 
 
 class SyncOrchestrator:
@@ -104,6 +75,7 @@ class SyncOrchestrator:
         self.cfg = cfg
         _check_log_config(cfg)
         check_can_learn(cfg)
+        check_auto_placement(cfg)
         if cfg.run.threads:
             compute.set_threads(cfg.run.threads)
         # Looks only: the run directory is written once everything below checked out.
@@ -159,6 +131,12 @@ class SyncOrchestrator:
         self._checkpointed = -1
         self.async_rollouts: AsyncRollouts | None = None
         self._step_alerts: list[Alert] | None = None
+        # What each step records as placement/*; "auto" changes it (temper.orchestrator.
+        # auto_placement), "fixed" keeps the configured one.
+        self.placement = fixed_placement(cfg, compute.get_threads())
+        self.placer = None
+        if cfg.orchestrator.placement == "auto":
+            self.placer = AutoPlacement(cfg, self.backend, self.run_dir.metrics)
 
     def _check_prompts_fit(self) -> None:
         """Fail before any work if a dataset prompt cannot fit in the context.
@@ -198,6 +176,7 @@ class SyncOrchestrator:
     async def evaluate(self, step: int) -> dict[str, Any]:
         e = self.cfg.eval
         tasks = self.eval_tasks[: e.size] if e.size else self.eval_tasks
+        t0 = time.perf_counter()
         result = await evaluate(
             self.rollouts.source,
             tasks,
@@ -208,6 +187,7 @@ class SyncOrchestrator:
         )
         self.run_dir.write_eval(step, result)
         scalars = {f"eval/{k}": v for k, v in numeric_scalars(result).items()}
+        scalars["eval/time_s"] = time.perf_counter() - t0  # the eval stage (temper plan)
         self.metrics.write_extras({"step": step, **scalars})
         return result
 
@@ -285,13 +265,23 @@ class SyncOrchestrator:
             time_train_s=t3 - t2,
             time_weight_sync_s=t4 - t3,
             time_step_s=t4 - t0,
-            gen_tokens_per_s=m["tokens_generated"] / max(rollout_stats["time_generate_s"], 1e-9),
+            # Async: per second the rollout side was busy, not per second the trainer waited.
+            gen_tokens_per_s=m["tokens_generated"] / max(_rollout_seconds(rollout_stats), 1e-9),
         )
         # Staleness: the policy version trained on minus the version that sampled each token.
         sampled = [v for t in flat for v, mask in zip(t.versions, t.loss_mask, strict=True) if mask]
         m["staleness_max"] = float(max((version_before - v for v in sampled), default=0))
         m["staleness_mean"] = sum(version_before - v for v in sampled) / max(len(sampled), 1)
         m.update(extra)
+        # train_only steps generate nothing: their rollout stage is reading the records.
+        m["time_rollout_busy_s"] = rollout_stats.get("time_rollout_busy_s", 0.0)
+        m["idle/trainer_s"] = max(0.0, m["time_step_s"] - m["time_train_s"])
+        m["idle/rollout_s"] = max(0.0, m["time_step_s"] - m["time_rollout_busy_s"])
+        if self.placer is not None:
+            p = self.placer
+            m.update(placement_metrics(p.current, compute.cores(), p.worker_threads))
+        else:
+            m.update(placement_metrics(self.placement, compute.cores()))
         if self.async_rollouts is not None:
             m.update(self.async_rollouts.metrics())
         if self.backend.abilities.metrics:  # e.g. workers/* with rollout workers
@@ -318,7 +308,7 @@ class SyncOrchestrator:
         """Run the health checks before the new weights go out; False if a "skip" undid them."""
         probe = {**rollout_metrics(flat), **train_stats}
         probe["gen_tokens_per_s"] = probe["tokens_generated"] / max(
-            rollout_stats["time_generate_s"], 1e-9
+            _rollout_seconds(rollout_stats), 1e-9
         )
         self._step_alerts = self.health.check(step, probe)
         if not any(a.action == "skip" for a in self._step_alerts):
@@ -364,7 +354,8 @@ class SyncOrchestrator:
                 progress.log(_eval_line(0, last_eval))
                 self.health.observe_eval(0, last_eval.get("accuracy", 0.0))
             step = self.start_step
-            self._start_async()
+            if cfg.orchestrator.max_staleness:
+                self._start_async(cfg.orchestrator.max_staleness, self.start_step + 1)
             try:
                 with self.guard.interrupt:
                     step, mid_eval = await self._loop(progress, started)
@@ -384,22 +375,35 @@ class SyncOrchestrator:
         write_report(self.run_dir.path)
         return last_eval
 
-    def _start_async(self) -> None:
-        """Start background rollouts when `orchestrator.max_staleness` > 0."""
+    def _start_async(self, max_staleness: int, first_step: int) -> None:
+        """Make rollouts in the background from ``first_step`` on."""
         o = self.cfg.orchestrator
-        if not o.max_staleness:
-            return
         self.async_rollouts = AsyncRollouts(
             self.rollouts.source,
             lambda: self.sampler.sample(1)[0],
             self._sampling(),
             prompts_per_step=o.prompts_per_step,
-            max_staleness=o.max_staleness,
+            max_staleness=max_staleness,
             interrupt=o.interrupt,
-            seed=self.cfg.run.seed * 1_000_003 + self.start_step * 100_000,
+            seed=self.cfg.run.seed * 1_000_003 + (first_step - 1) * 100_000,
             version=lambda: self.backend.version,
         )
-        self.async_rollouts.start(self.start_step + 1)
+        self.async_rollouts.start(first_step)
+
+    def _place(self, step: int, progress: RunProgress) -> None:
+        """placement = "auto": this step's probe, or, once the warm-up is over, the plan."""
+        placer = self.placer
+        if placer is None or not placer.probing:
+            return
+        if step <= placer.warmup:
+            placer.apply(placer.probe(step))
+            return
+        plan = placer.decide()  # a resumed run reads the same warm-up steps back
+        if step == placer.warmup + 1:
+            self.events.write({"step": step, "kind": "placement", "plan": plan.to_json()})
+        progress.log(format_plan(plan))
+        if plan.best.placement.max_staleness:
+            self._start_async(plan.best.placement.max_staleness, step)
 
     async def _loop(self, progress: RunProgress, started: float) -> tuple[int, dict[str, Any]]:
         """Steps from `start_step` + 1 on; returns the last step run and the last eval."""
@@ -411,6 +415,7 @@ class SyncOrchestrator:
             if self.guard.interrupt.requested:  # Ctrl-C before the first step
                 self.guard.interrupted_at = step - 1
                 break
+            self._place(step, progress)
             m = await self._step(step, progress)
             self.metrics.write(m)
             progress.update(step, m)
@@ -473,6 +478,10 @@ class SyncOrchestrator:
         close_trainer = getattr(self.trainer, "close", None)  # stops FSDP ranks, if any
         if close_trainer is not None:
             close_trainer()
+
+
+def _rollout_seconds(stats: dict[str, float]) -> float:
+    return stats.get("time_rollout_busy_s", stats["time_generate_s"])
 
 
 def _check_log_config(cfg: Config) -> None:

@@ -98,6 +98,9 @@ class WorkerPool(SupervisedPool):
         if w.ready and not w.dead and w.version != self.target_version:
             w.send(("load_weights", -self.target_version - 1, self.target_version))
 
+    def _send_threads(self, w: WorkerProcess, threads: int) -> None:
+        w.send(("threads", 0, threads))
+
     def _cancel_sent(self, w: WorkerProcess, req: Request) -> None:
         w.send(("cancel", req.rid, None))
 
@@ -141,9 +144,11 @@ class WorkerPool(SupervisedPool):
         if kind == "ready":
             w.ready, w.info, w.version = True, body, body["version"]
             self.stats.failed_starts.pop(w.index, None)
-            self._sync_version(w)
+            self._on_worker_ready(w)
             self._dispatch()
             self._lock.notify_all()
+        elif kind == "threads":
+            self._on_threads(w, body)
         elif kind == "failed":
             w.start_error = str(body)  # the exit that follows is handled in _died
         elif rid < 0:  # a load_weights reply

@@ -132,6 +132,9 @@ async def _serve(conn: Connection, send: Callable[[Message], None], worker: Any)
         elif kind == "cancel":
             if (task := running.pop(rid, None)) is not None:
                 task.cancel()
+        elif kind == "threads":  # placement = "auto"; waits for the engine's compute thread
+            task = loop.create_task(_reply_threads(send, worker, body))
+            running[-1] = task  # held so it is not collected; a newer one replaces it
         elif kind == "load_weights":
             _reply(send, rid, worker.load_weights, body)
         elif kind == "ping":
@@ -139,6 +142,10 @@ async def _serve(conn: Connection, send: Callable[[Message], None], worker: Any)
     for task in list(running.values()):
         task.cancel()
     await worker.close()
+
+
+async def _reply_threads(send: Callable[[Message], None], worker: Any, threads: int) -> None:
+    _send_or_exit(send, ("threads", 0, await asyncio.to_thread(worker.set_threads, threads)))
 
 
 async def _reply_async(send: Callable[[Message], None], rid: int, coro: Any) -> None:
@@ -200,6 +207,7 @@ class WorkerProcess:
         self.dead = False
         self.start_error: str | None = None  # the worker's "failed" message, if any
         self.version: int | None = None
+        self.threads: int | None = None  # torch threads, as the worker last reported
         self.info: dict[str, Any] = {}
         self.in_flight: set[int] = set()
         self._outbox: queue.SimpleQueue[Message | None] = queue.SimpleQueue()

@@ -139,6 +139,10 @@ class RayRolloutActor:
             await asyncio.to_thread(push_weights, self.worker.engine, state, version)
         return self.worker.version
 
+    async def set_threads(self, threads: int) -> int:
+        """The worker's torch threads from its next operation on (placement = "auto")."""
+        return await asyncio.to_thread(self.worker.set_threads, threads)
+
     async def close(self) -> None:
         await self.worker.close()
 

@@ -62,6 +62,7 @@ class _Actor:
     dead: bool = False
     version: int | None = None
     loading: int | None = None  # the version a load_state call is out for
+    threads: int | None = None  # torch threads, as the actor last reported
     pinging: bool = False
     info: dict[str, Any] = field(default_factory=dict)
     in_flight: set[int] = field(default_factory=set)
@@ -203,6 +204,9 @@ class RayWorkerPool(SupervisedPool):
             w.loading = target
             self._calls[w.handle.load_state.remote(self.staged_weights, target)] = ("weights", w, 0)
 
+    def _send_threads(self, w: _Actor, threads: int) -> None:
+        self._calls[w.handle.set_threads.remote(threads)] = ("threads", w, 0)
+
     def _cancel_sent(self, w: _Actor, req: Request) -> None:
         with contextlib.suppress(Exception):  # already finished, or its actor is gone
             self._ray.cancel(req.ref)
@@ -263,6 +267,11 @@ class RayWorkerPool(SupervisedPool):
                 self._on_ready(w, value, error)
             elif kind == "weights":
                 self._on_weights(w, value, error)
+            elif kind == "threads":
+                if error is not None:
+                    self._fail(WorkerError(f"{w} could not set its threads: {error!r}"))
+                else:
+                    self._on_threads(w, value)
             else:  # ping
                 w.pinging = False
 
@@ -282,7 +291,7 @@ class RayWorkerPool(SupervisedPool):
             return
         w.ready, w.info, w.version = True, dict(info), int(info["version"])
         self.stats.failed_starts.pop(w.index, None)
-        self._sync_version(w)
+        self._on_worker_ready(w)
         self._dispatch()
         self._lock.notify_all()
 

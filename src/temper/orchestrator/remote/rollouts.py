@@ -172,6 +172,11 @@ class RemoteBackend:
         self.pool.set_version(version)
         self._version = version
 
+    def set_worker_threads(self, threads: int) -> list[int]:
+        """Every worker's torch threads (`orchestrator.placement = "auto"`); returns
+        each worker's count as it reported it."""
+        return self.pool.set_worker_threads(threads)
+
     def release_memory(self) -> bool:
         return False  # the workers' caches are theirs; nothing to free here
 

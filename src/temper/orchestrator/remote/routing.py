@@ -60,7 +60,7 @@ class SupervisedPool:
     """Request table, routing and retry rules over ``n`` worker slots (see the module doc).
 
     Workers are objects with ``index``, ``generation``, ``pid``, ``ready``, ``dead``,
-    ``version`` and ``in_flight`` (a set of request ids).
+    ``version``, ``threads``, ``info`` and ``in_flight`` (a set of request ids).
     """
 
     #: Names the supervisor in the error raised when its own loop crashes.
@@ -86,6 +86,8 @@ class SupervisedPool:
         self.log = log or (lambda line: print(f"temper: {line}", file=sys.stderr, flush=True))
         self.stats = PoolStats()
         self.target_version = start_version
+        #: Torch threads every worker is told to use (`set_worker_threads`); None: as built.
+        self.worker_threads: int | None = None
         self._lock = threading.Condition()
         self._workers: list[Any] = []
         self._requests: dict[int, Request] = {}
@@ -118,6 +120,11 @@ class SupervisedPool:
 
     def _cancel_sent(self, w: Any, req: Request) -> None:
         """Tell worker ``w`` to drop ``req``, which it was sent (lock held)."""
+        raise NotImplementedError
+
+    def _send_threads(self, w: Any, threads: int) -> None:
+        """Tell worker ``w`` to use ``threads`` torch threads (lock held); its reply
+        goes to `_on_threads`."""
         raise NotImplementedError
 
     def _stage_weights(self, version: int) -> Any:
@@ -164,6 +171,32 @@ class SupervisedPool:
                 self._sync_version(w)
             self._wait_until(lambda: all(w.ready and w.version == version for w in self._workers))
             self._dispatch()
+
+    def set_worker_threads(self, threads: int) -> list[int]:
+        """Have every worker (and every one that restarts later) use ``threads`` torch
+        threads (`orchestrator.placement = "auto"`); blocks until each ready worker
+        reports the count its compute thread now has, and returns those counts."""
+        n = int(threads)
+        with self._lock:
+            self._raise_if_failed()
+            self.worker_threads = n
+            for w in self._workers:
+                if w.ready and not w.dead:
+                    self._send_threads(w, n)
+            self._wait_until(lambda: all(w.threads == n for w in self._workers if w.ready))
+            return [w.threads for w in self._workers]
+
+    def _on_worker_ready(self, w: Any) -> None:
+        """Bring a worker that just came up to the pool's weights and threads (lock held)."""
+        w.threads = w.info.get("threads")
+        if self.worker_threads is not None and w.threads != self.worker_threads:
+            self._send_threads(w, self.worker_threads)
+        self._sync_version(w)
+
+    def _on_threads(self, w: Any, threads: int) -> None:
+        """Worker ``w`` reports its torch threads (lock held)."""
+        w.threads = int(threads)
+        self._lock.notify_all()
 
     def close(self, timeout_s: float = 10.0) -> None:
         """Stop the supervisor and the workers (killed after ``timeout_s``); fail

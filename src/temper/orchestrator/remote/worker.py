@@ -33,8 +33,8 @@ class RolloutWorker:
     newest version when the ring holds one; otherwise its weights are those
     of ``model_path`` and it takes ``start_version`` as their version number.
     Build it inside the process that will use it (it starts the engine's
-    compute thread there). Its torch threads are ``run.threads``, or the
-    cores divided by ``orchestrator.rollout_workers``.
+    compute thread there). Its torch threads are ``orchestrator.worker_threads``,
+    else ``run.threads``, else the cores divided by ``orchestrator.rollout_workers``.
     """
 
     def __init__(
@@ -49,9 +49,9 @@ class RolloutWorker:
         # Workers share the machine's cores: torch teams bigger than a worker's share
         # spin against each other (2 cores, 2 workers x 2 threads: 20 s for a call
         # that took 0.4 s with 1 thread each).
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        share = max(1, (cores or 1) // cfg.orchestrator.rollout_workers)
-        compute.set_threads(cfg.run.threads or share)
+        share = max(1, compute.cores() // cfg.orchestrator.rollout_workers)
+        self.threads = cfg.orchestrator.worker_threads or cfg.run.threads or share
+        compute.set_threads(self.threads)
         self.tokenizer = load_tokenizer(model_path)
         self.engine = build_engine(cfg, model_path, self.tokenizer)
         self.rollouts = build_rollouts(cfg, self.engine, self.tokenizer, run_image_store(cfg))
@@ -76,6 +76,7 @@ class RolloutWorker:
             "pid": os.getpid(),
             "version": self.version,
             "max_context": int(self.engine.max_context),
+            "threads": self.threads,
         }
 
     async def groups(
@@ -110,6 +111,15 @@ class RolloutWorker:
             self.engine.load_weights(self.ring, version)  # copies out of the ring slot
         TRAINER_STATE.global_step = self.version
         return self.version
+
+    def set_threads(self, threads: int) -> int:
+        """Use ``threads`` torch threads from the next operation on; returns the count
+        the engine's compute thread now has."""
+        from temper import compute
+
+        compute.set_threads(int(threads))
+        self.threads = compute.get_threads()
+        return self.threads
 
     def ping(self) -> dict[str, Any]:
         return self.info()
