@@ -120,3 +120,33 @@ def test_plan_refuses_what_it_cannot_read(tmp_path, capsys):
     assert "needs at least 2 measured training steps" in err and len(err.splitlines()) == 1
     assert main(["plan", str(run), "--units=0"]) == 2
     assert "--units must be >= 1" in capsys.readouterr().err
+
+
+def test_plan_reads_stages_and_eval_time_from_a_run_directory(tmp_path):
+    from temper.orchestrator.auto_placement import run_plan
+
+    run = tmp_path / "run"
+    (run / "eval").mkdir(parents=True)
+    (run / "config.toml").write_text("")
+    rows = []
+    for step, units in [(1, 2), (2, 2), (3, 1), (4, 2), (5, 1)]:
+        rows.append({
+            "step": step, "time_step_s": 2.0, "time_generate_s": 1.0, "time_reward_s": 0.0,
+            "time_rollout_busy_s": 1.0, "time_train_s": 0.8, "time_weight_sync_s": 0.1,
+            "tokens_generated": 10.0, "train_tokens": 10.0, "placement/rollout_units": units,
+            "placement/trainer_units": units, "placement/max_staleness": 0,
+            "placement/machine_units": 2,
+        })  # fmt: skip
+    (run / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    for step in (0, 5):
+        (run / "eval" / f"step_{step:06d}.json").write_text(json.dumps({"time_s": 1.5}))
+    plan = run_plan(run)
+    assert plan.units == 2 and plan.steps_used == 4
+    assert plan.eval_s_per_step == pytest.approx(3.0 / 5)
+    # Stages that took as long on 1 core as on 2: exponent 0, so overlapping wins.
+    assert plan.rollout_scaling.exponent == pytest.approx(0.0, abs=1e-12)
+    assert plan.best.placement.max_staleness == 1
+    coloc = next(o for o in plan.options if o.placement.colocated(2))
+    assert coloc.measured_step_s == pytest.approx(2.0) and coloc.step_s == pytest.approx(2.0)
+    assert run_plan(run, units=4).units == 4
+    assert {o.placement.max_staleness for o in run_plan(run, max_staleness=0).options} == {0}

@@ -21,6 +21,7 @@ so ``auto`` refuses CUDA runs; `temper plan` still prints the table for them.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -84,8 +85,9 @@ def run_plan(
     recorded = [int(r["placement/machine_units"]) for r in rows if "placement/machine_units" in r]
     cap = staleness_cap(cfg) if max_staleness is None else max_staleness
     plan = make_plan(samples, units or max(recorded), cfg.orchestrator.rollout_workers, cap)
-    evals = sum(float(r.get("eval/time_s", 0.0)) for r in rows)
-    plan.eval_s_per_step = evals / max(int(r.get("step", 0)) for r in rows) if evals else 0.0
+    # Each eval/step_N.json holds its eval's wall time (runs before this kept none).
+    evals = sum(json.loads(p.read_text()).get("time_s", 0.0) for p in run.glob("eval/step_*.json"))
+    plan.eval_s_per_step = evals / max(int(r.get("step", 0)) for r in rows)
     return plan
 
 

@@ -185,9 +185,9 @@ class SyncOrchestrator:
             max_new_tokens=e.max_response_tokens or self.cfg.orchestrator.max_response_tokens,
             seed=self.cfg.run.seed + 7919,
         )
+        result["time_s"] = time.perf_counter() - t0  # the eval stage (temper plan reads it)
         self.run_dir.write_eval(step, result)
         scalars = {f"eval/{k}": v for k, v in numeric_scalars(result).items()}
-        scalars["eval/time_s"] = time.perf_counter() - t0  # the eval stage (temper plan)
         self.metrics.write_extras({"step": step, **scalars})
         return result
 
@@ -275,8 +275,8 @@ class SyncOrchestrator:
         m.update(extra)
         # train_only steps generate nothing: their rollout stage is reading the records.
         m["time_rollout_busy_s"] = rollout_stats.get("time_rollout_busy_s", 0.0)
-        m["idle/trainer_s"] = max(0.0, m["time_step_s"] - m["time_train_s"])
-        m["idle/rollout_s"] = max(0.0, m["time_step_s"] - m["time_rollout_busy_s"])
+        m["time_idle_trainer_s"] = max(0.0, m["time_step_s"] - m["time_train_s"])
+        m["time_idle_rollout_s"] = max(0.0, m["time_step_s"] - m["time_rollout_busy_s"])
         if self.placer is not None:
             p = self.placer
             m.update(placement_metrics(p.current, compute.cores(), p.worker_threads))
