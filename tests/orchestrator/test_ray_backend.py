@@ -239,9 +239,10 @@ def test_worker_threads_change_in_place_and_survive_a_restart(ray_cluster):
     cfg = _cfg("ray-threads")  # built with run.threads = 1
     remote = ray_rollouts(cfg, _model_path())
     pool = remote.pool
-    threads = lambda: [
-        ray.get(w.handle.ping.remote(), timeout=30)["threads"] for w in pool._workers
-    ]  # noqa: E731
+
+    def threads() -> list[int]:
+        return [ray.get(w.handle.ping.remote(), timeout=30)["threads"] for w in pool._workers]
+
     try:
         assert threads() == [1, 1]
         assert remote.set_worker_threads(2) == [2, 2]
