@@ -15,7 +15,8 @@ eval within that budget (rollout tokens only; eval tokens are not counted).
 
 Prints one JSON line: the start accuracy, each run's accuracy at the budget
 and at its end, their gains over the start, ``ratio`` (RFT's accuracy over
-GRPO's at the budget), the tokens each generated, and seconds per step.
+GRPO's at the budget), the tokens each generated, each run's curve of
+(cumulative generated tokens, accuracy) at its evals, and seconds per step.
 
     nice -n 15 .venv/bin/python benchmarks/rft.py [--steps 16] [--prompts 8] [--group 8]
 """
@@ -108,10 +109,11 @@ def main() -> None:
         result[f"{name}_tokens"] = sum(tokens)
         result[f"{name}_accuracy_at_budget"] = at_budget(points, budget)
         result[f"{name}_accuracy_end"] = points[-1][1]
-        result[f"{name}_gain_at_budget"] = at_budget(points, budget) - start
+        result[f"{name}_gain_at_budget"] = round(at_budget(points, budget) - start, 4)
+        result[f"{name}_curve"] = [[int(t), acc] for t, acc in points]
         result[f"{name}_s_per_step"] = round(seconds, 2)
     grpo = result["grpo_accuracy_at_budget"]
-    result["ratio"] = result["rft_accuracy_at_budget"] / grpo if grpo else None
+    result["ratio"] = round(result["rft_accuracy_at_budget"] / grpo, 4) if grpo else None
     print(json.dumps(result))
 
 
