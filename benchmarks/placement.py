@@ -36,7 +36,6 @@ Prints one JSON line; ``ratio`` is the worst ``choice_ratio``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import statistics
@@ -45,9 +44,8 @@ import tempfile
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+import temper
 from temper import compute
-from temper.config import config_from_dict
-from temper.orchestrator.sync import SyncOrchestrator
 
 # Every group is trained and the learning rate is tiny, so the policy (and with it the
 # answer lengths and the train tokens) stays put: a step late in one run costs what a
@@ -95,17 +93,9 @@ def make_config(workload: dict, out: str, name: str, steps: int, placement: dict
 
 def run(cfg: dict) -> tuple[list[dict], list[dict]]:
     """The run's metrics rows and events."""
-    orch = SyncOrchestrator(config_from_dict(cfg))
-
-    async def go() -> None:
-        try:
-            await orch.run()
-        finally:
-            await orch.close()
-
-    asyncio.run(go())
+    run_dir = temper.train(cfg).run_dir
     read = lambda p: [json.loads(x) for x in p.read_text().splitlines() if x.strip()]  # noqa: E731
-    return read(orch.run_dir.metrics), read(orch.run_dir.events)
+    return read(run_dir / "metrics.jsonl"), read(run_dir / "events.jsonl")
 
 
 def mean_step(rows: list[dict], after: int) -> float:

@@ -76,3 +76,28 @@ def test_model_reward_components_name_what_they_miss():
         config_from_dict({"reward": {"components": [{"type": "reward_model"}]}})
     with pytest.raises(ConfigError, match="needs 'base_url' and 'model'"):
         config_from_dict({"reward": {"components": [{"type": "judge", "model": "x"}]}})
+
+
+@pytest.mark.slow
+def test_rlhf_against_the_reward_model_reports_reward_against_kl(tmp_path):
+    """The shipped RLHF config, shortened: RM score and KL every step, held-out RM score
+    at each eval, and the report's reward-vs-KL plot."""
+    config = Path(__file__).resolve().parents[2] / "configs" / "rlhf_tiny_rm.toml"
+    argv = ["train", str(config), f"--run.output_dir={tmp_path}", "--run.name=r",
+            "--orchestrator.steps=2", "--orchestrator.prompts_per_step=2",
+            "--orchestrator.group_size=4", "--orchestrator.drop_zero_variance_groups=false",
+            "--data.eval_size=4", "--eval.k=2", "--log.progress=false"]  # fmt: skip
+    assert main(argv) == 0
+    run = tmp_path / "r"
+    metrics = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    for m in metrics:
+        assert "reward/reward_model" in m and m["kl"] >= 0.0
+    assert metrics[0]["kl"] == pytest.approx(0.0, abs=1e-6)  # step 1: the policy is the ref
+    assert metrics[1]["kl"] > 0.0
+    evals = [json.loads((run / "eval" / f"step_{s:06d}.json").read_text()) for s in (0, 2)]
+    for e in evals:
+        # The held-out reward is the reward model's score (not 0/1 correctness).
+        assert e["reward_mean"] not in (0.0, 1.0) and "reward_mean@2" in e
+    report = (run / "report.html").read_text()
+    assert "reward_vs_kl.png" in report and (run / "plots" / "reward_vs_kl.png").stat().st_size
+    assert "Held-out reward (greedy)" in report

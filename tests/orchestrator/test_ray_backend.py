@@ -231,6 +231,33 @@ def test_killed_and_stopped_actors_are_replaced_and_every_result_arrives_once(ra
     assert 2 <= faults["detected_after_s"] < 3 + 5  # the last reply may predate the stop
 
 
+@pytest.mark.ray
+@pytest.mark.slow
+def test_worker_threads_change_in_place_and_survive_a_restart(ray_cluster):
+    """placement = "auto" moves cores by thread counts: each actor's compute thread
+    reports the new count, and a replacement actor is brought to it when it comes up."""
+    cfg = _cfg("ray-threads")  # built with run.threads = 1
+    remote = ray_rollouts(cfg, _model_path())
+    pool = remote.pool
+    threads = lambda: [
+        ray.get(w.handle.ping.remote(), timeout=30)["threads"] for w in pool._workers
+    ]  # noqa: E731
+    try:
+        assert threads() == [1, 1]
+        assert remote.set_worker_threads(2) == [2, 2]
+        assert threads() == [2, 2]
+        victim = pool.pids()[0]
+        _kill(victim)
+        _wait_for(lambda: pool.stats.restarts >= 1 and pool._workers[0].ready, timeout=90)
+        _wait_for(lambda: pool._workers[0].threads == 2, timeout=30)
+        assert threads() == [2, 2]
+        tasks = _tasks(cfg, 2)
+        groups, _ = asyncio.run(remote.rollouts.source.groups(tasks, PARAMS, SEED))
+        assert [len(g) for g in groups] == [2, 2]  # still serving
+    finally:
+        asyncio.run(remote.close())
+
+
 def _recorder(calls: list, i: int) -> Callable[[Any, BaseException | None], None]:
     def done(result: Any, error: BaseException | None) -> None:
         calls.append((i, result, error))

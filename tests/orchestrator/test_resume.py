@@ -36,6 +36,7 @@ TARGETED = [
     "--data.levels=[1,2,3,4]",
     "--orchestrator.drop_zero_variance_groups=true",
     "--orchestrator.refill=true",
+    "--trainer.packing=true",
 ]
 # Timings differ between runs; everything else must match, up to float rounding, which
 # can differ between two processes (seen at 1e-7 relative in entropy and grad norm once
@@ -63,7 +64,7 @@ def _metrics(path: Path) -> dict[int, dict]:
     return {r["step"]: {k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows}
 
 
-@pytest.mark.parametrize("sampling", [[], TARGETED], ids=["uniform", "targeted_refill"])
+@pytest.mark.parametrize("sampling", [[], TARGETED], ids=["uniform", "targeted_refill_packed"])
 def test_sigkill_and_resume_matches_uninterrupted(tmp_path, sampling):
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     subprocess.run(_cmd(tmp_path, "full", *sampling), check=True, env=env, capture_output=True)
@@ -93,7 +94,7 @@ def test_sigkill_and_resume_matches_uninterrupted(tmp_path, sampling):
     full = _metrics(tmp_path / "full" / "metrics.jsonl")
     again = _metrics(tmp_path / "killed" / "metrics.jsonl")
     assert sorted(again) == [1, 2, 3, 4]
-    if sampling:  # the targeted sampler and refill ran (their metrics are compared below)
+    if sampling:  # the targeted sampler and refill ran (compared below), packed
         assert "sampler/pass_rate/level4" in full[3] and "refill/extra_prompts" in full[3]
     for step in (3, 4):
         assert again[step].keys() == full[step].keys()

@@ -1,4 +1,6 @@
-"""Evaluate a policy on held-out tasks: greedy accuracy, pass@k, mean@k, maj@k.
+"""Evaluate a policy on held-out tasks: greedy accuracy, pass@k, mean@k, maj@k, and
+the mean reward of the greedy and the sampled answers (``reward_mean``,
+``reward_mean@k``).
 
 The rollouts come from a `temper.rollout.sources.RolloutSource` (single-turn
 prompts or multi-turn env episodes), already scored. Greedy: one
@@ -13,6 +15,7 @@ Nothing here trains or changes weights.
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from typing import Any
 
@@ -68,6 +71,9 @@ async def evaluate(
         result["accuracy"] = n_right / len(flat)
         result["accuracy_ci95"] = list(wilson_interval(n_right, len(flat)))
         result["mean_response_tokens"] = sum(t.num_policy_tokens for t in flat) / len(flat)
+        # The held-out reward itself (a reward model's score in RLHF, where "correct"
+        # says little); samples whose scoring failed (NaN) are left out.
+        result["reward_mean"] = _mean_reward(flat)
         for cat, trajs in _by_category(flat).items():
             by_cat[cat]["accuracy"] = sum(bool(t.correct) for t in trajs) / len(trajs)
             by_cat[cat]["n"] = len(trajs)
@@ -75,6 +81,7 @@ async def evaluate(
         params = SamplingParams(n=k, temperature=temperature, max_new_tokens=max_new_tokens)
         groups, _ = await source.groups(tasks, params, seed=seed)
         result.update(_summarise(groups, k, gold))
+        result[f"reward_mean@{k}"] = _mean_reward([t for g in groups for t in g])
         cat_groups: dict[str, list[list[Trajectory]]] = defaultdict(list)
         for g in groups:
             cat_groups[g[0].category].append(g)
@@ -83,6 +90,11 @@ async def evaluate(
             by_cat[cat]["n"] = len(gs)
     result["by_category"] = dict(sorted(by_cat.items()))
     return result
+
+
+def _mean_reward(trajs: list[Trajectory]) -> float:
+    scored = [t.reward for t in trajs if not math.isnan(t.reward)]
+    return sum(scored) / len(scored) if scored else math.nan
 
 
 def _by_category(trajs: list[Trajectory]) -> dict[str, list[Trajectory]]:

@@ -61,7 +61,26 @@ def write_plots(run_dir: Path) -> list[Path]:
     paths.append(out_dir / "accuracy.png")
     fig.savefig(paths[-1], dpi=100)
     plt.close(fig)
+    if any("kl" in m for m in metrics):
+        paths.append(_reward_vs_kl(plt, metrics, out_dir / "reward_vs_kl.png"))
     return paths
+
+
+def _reward_vs_kl(plt: Any, metrics: list[dict[str, Any]], path: Path) -> Path:
+    """RLHF's frontier: each step's train reward against its KL to the reference policy
+    (runs with ``algo.kl_coef`` > 0 log ``kl``: the mean per-token estimate)."""
+    rows = [m for m in metrics if "kl" in m and "reward_mean" in m]
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    points = ax.scatter([m["kl"] for m in rows], [m["reward_mean"] for m in rows],
+                        c=[m["step"] for m in rows], cmap="viridis", s=14)  # fmt: skip
+    fig.colorbar(points, ax=ax, label="step")
+    ax.set_xlabel("KL to the reference, per token")
+    ax.set_ylabel("train reward (mean)")
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def _eval_table(evals: list[dict[str, Any]]) -> str:
@@ -92,6 +111,15 @@ def write_report(run_dir: Path) -> Path:
         )
     config = (run_dir / "config.toml").read_text() if (run_dir / "config.toml").exists() else ""
     total_s = sum(m.get("time_step_s", 0.0) for m in metrics)
+    kl_plot = ""
+    if (run_dir / "plots" / "reward_vs_kl.png").exists() and any("kl" in m for m in metrics):
+        kl_plot = '<img src="plots/reward_vs_kl.png">'
+    if len(evals) >= 2 and "reward_mean" in evals[0]:
+        first, last = evals[0], evals[-1]
+        summary += (
+            f"<p>Held-out reward (greedy): {first['reward_mean']:.3f} (step {first['step']}) "
+            f"&rarr; {last['reward_mean']:.3f} (step {last['step']})</p>"
+        )
     page = f"""<!doctype html>
 <html><head><meta charset="utf-8"><title>Temper run {html.escape(run_dir.name)}</title>
 <style>body{{font-family:sans-serif;max-width:960px;margin:2em auto}}
@@ -101,7 +129,7 @@ table{{border-collapse:collapse}}td,th{{border:1px solid #ccc;padding:4px 8px;te
 {summary}
 <p>{len(metrics)} steps logged, {total_s:.0f} s of step time.</p>
 <h2>Evaluation (held-out)</h2>{_eval_table(evals)}
-<h2>Plots</h2><img src="plots/reward.png"><img src="plots/accuracy.png">
+<h2>Plots</h2><img src="plots/reward.png"><img src="plots/accuracy.png">{kl_plot}
 <h2>Config</h2><pre>{html.escape(config)}</pre>
 </body></html>"""
     path = run_dir / "report.html"

@@ -25,6 +25,7 @@ from typing import Any
 from temper.config import Config
 from temper.data.base import Task
 from temper.errors import ConfigError
+from temper.monitor.external_sinks import check_sinks
 from temper.rewards.base import TRAINER_STATE
 from temper.rollout.trajectory import Trajectory
 
@@ -206,3 +207,14 @@ def resume_message(run_dir: Any, start_step: int, cfg: Config) -> str | None:
             "kept, so the steps after it differ from an uninterrupted run's"
         )
     return text
+
+
+def check_log_config(cfg: Config) -> None:
+    """Fail before any work on a sink whose package is missing or an unreachable profile step."""
+    check_sinks(cfg.log.sinks)
+    profile_step = cfg.log.profile_step
+    if profile_step is not None and profile_step > cfg.orchestrator.steps:
+        raise ConfigError(
+            f"log.profile_step={profile_step} is past the last step "
+            f"(orchestrator.steps={cfg.orchestrator.steps})"
+        )

@@ -28,8 +28,9 @@ placement gives the rollout side r of them and the trainer t, and a staleness s:
   side: ``mean_i max(R_i(r), T_i(t) + W_i + O_i)``; with s >= 2 a quick step
   banks time for a slow one: ``max(mean R(r), mean (T(t) + W + O))``.
 
-A stage measured on u0 units takes ``time * (u0 / u) ** e`` on u units. The
-exponent e is fitted per stage (least squares in log space, per token so long
+A placement whose unit split some steps ran with is predicted from those steps
+alone. Otherwise a stage measured on u0 units takes ``time * (u0 / u) ** e`` on
+u units. The exponent e is fitted per stage (least squares in log space, per token so long
 and short steps compare) when the steps were measured at two or more unit
 counts, clipped to [-0.5, 1]; otherwise it is `ASSUMED_EXPONENT`, and the plan
 says it assumed it.
@@ -204,7 +205,17 @@ def candidates(units: int, workers: int, max_staleness: int) -> list[Placement]:
 def predict(
     samples: list[StepSample], p: Placement, units: int, rs: Scaling, ts: Scaling
 ) -> Option:
-    """``p``'s expected step time (see the module doc) over the measured ``samples``."""
+    """``p``'s expected step time (see the module doc) over the measured ``samples``.
+
+    The closest measurements are used as they are: steps that ran ``p`` itself, else
+    steps with its unit split (any staleness: a synchronous probe predicts an
+    asynchronous split); only when there are none are all steps scaled to ``p`` by the
+    fitted exponents (a clipped exponent would otherwise pull a measured split towards
+    the other steps)."""
+    ran = [s for s in samples if s.placement == p]
+    split = [s for s in samples if s.placement.rollout_units == p.rollout_units
+             and s.placement.trainer_units == p.trainer_units]  # fmt: skip
+    samples = ran or split or samples
     r = [s.rollout_s * rs.factor(s.placement.rollout_units, p.rollout_units) for s in samples]
     t = [s.train_s * ts.factor(s.placement.trainer_units, p.trainer_units) for s in samples]
     # The trainer side of a step: train, weight sync and the loop's own bookkeeping.
@@ -215,8 +226,7 @@ def predict(
         step = statistics.fmean(max(a, b) for a, b in zip(r, side, strict=True))
     else:
         step = max(statistics.fmean(r), statistics.fmean(side))
-    ran = [s.step_s for s in samples if s.placement == p]
-    mean_ran = statistics.fmean(ran) if ran else None
+    mean_ran = statistics.fmean(s.step_s for s in ran) if ran else None
     return Option(p, step, statistics.fmean(r), statistics.fmean(t), mean_ran)
 
 
@@ -252,10 +262,8 @@ def format_plan(plan: Plan) -> str:
     lines = [
         f"placement plan: {plan.units} units, {plan.workers} rollout worker(s), "
         f"from {plan.steps_used} measured steps",
-        f"  rollout time ~ units^-{plan.rollout_scaling.exponent:.2f}"
-        f"{'' if plan.rollout_scaling.fitted else ' (assumed)'}; "
-        f"train time ~ units^-{plan.train_scaling.exponent:.2f}"
-        f"{'' if plan.train_scaling.fitted else ' (assumed)'}",
+        f"  speed-up exponent e (stage time x (u0/u)^e): rollout {_exponent(plan.rollout_scaling)}"
+        f", train {_exponent(plan.train_scaling)}",
         f"  {'option':<46} {'expected s/step':>15} {'measured':>9}",
     ]
     for o in plan.options:
@@ -270,3 +278,7 @@ def format_plan(plan: Plan) -> str:
         )
     lines += [f"  note: {n}" for n in plan.notes]
     return "\n".join(lines)
+
+
+def _exponent(scaling: Scaling) -> str:
+    return f"{scaling.exponent:.2f}" + ("" if scaling.fitted else " (assumed)")

@@ -24,7 +24,7 @@ from temper.engine.base import SamplingParams
 from temper.errors import ConfigError
 from temper.eval.harness import evaluate
 from temper.models import load_model, load_tokenizer, resolve_model_path
-from temper.monitor.external_sinks import build_sinks, check_sinks
+from temper.monitor.external_sinks import build_sinks
 from temper.monitor.health import Alert, HealthMonitor
 from temper.monitor.profile import profile_to, stage
 from temper.monitor.progress import RunProgress
@@ -47,7 +47,12 @@ from temper.orchestrator.build import build_run_tasks, build_vision
 from temper.orchestrator.placement import build_backend
 from temper.orchestrator.refill import assign_advantages, step_groups
 from temper.orchestrator.run_dir import RunDir, load_recorded_groups
-from temper.orchestrator.run_guard import RunGuard, check_can_learn, check_reward_functions
+from temper.orchestrator.run_guard import (
+    RunGuard,
+    check_can_learn,
+    check_log_config,
+    check_reward_functions,
+)
 from temper.orchestrator.self_improve import build_self_improve
 from temper.orchestrator.stage_model import format_plan
 from temper.orchestrator.step_metrics import rollout_metrics
@@ -74,7 +79,7 @@ class SyncOrchestrator:
                 "use it with temper eval or orchestrator.mode = 'rollout_only'"
             )
         self.cfg = cfg
-        _check_log_config(cfg)
+        check_log_config(cfg)
         check_can_learn(cfg)
         check_auto_placement(cfg)
         if cfg.run.threads:
@@ -499,17 +504,6 @@ class SyncOrchestrator:
 
 def _rollout_seconds(stats: dict[str, float]) -> float:
     return stats.get("time_rollout_busy_s", stats["time_generate_s"])
-
-
-def _check_log_config(cfg: Config) -> None:
-    """Fail before any work on a sink whose package is missing or an unreachable profile step."""
-    check_sinks(cfg.log.sinks)
-    profile_step = cfg.log.profile_step
-    if profile_step is not None and profile_step > cfg.orchestrator.steps:
-        raise ConfigError(
-            f"log.profile_step={profile_step} is past the last step "
-            f"(orchestrator.steps={cfg.orchestrator.steps})"
-        )
 
 
 def _eval_line(step: int, result: dict[str, Any]) -> str:
