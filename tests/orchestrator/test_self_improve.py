@@ -51,7 +51,9 @@ def test_keep_samples_by_correctness_threshold_distinctness_and_cap():
         _sample(0, [8], 1.0, True, finish="length"),  # hit the limit: never kept
     ]
     g1 = [_sample(1, [9], 0.5, False), _sample(1, [4], math.nan, None)]  # NaN: failed scoring
-    g2 = [_sample(2, [3], 0.2, False), _sample(2, [2], 0.9, False)]
+    failed = _sample(2, [1], 0.95, None)
+    failed.reward_error = "math: timed out"  # scored 0.95 by another component: not kept
+    g2 = [_sample(2, [3], 0.2, False), _sample(2, [2], 0.9, False), failed]
     groups = [g0, g1, g2]
     kept = keep_samples(groups, RFTConfig(keep="correct", max_per_prompt=1))
     assert [t.response_ids for t in kept] == [[6]]

@@ -46,13 +46,17 @@ StepResult = tuple[dict[str, Any], list[Trajectory]]
 
 
 def keep_samples(groups: list[list[Trajectory]], cfg: RFTConfig) -> list[Trajectory]:
-    """The samples an RFT round trains on: per group (one prompt), the usable samples
-    that pass ``cfg.keep`` and did not hit the length limit (they would teach the
-    model not to stop), distinct responses only, highest reward first (ties in
+    """The samples an RFT round trains on: per group (one prompt), the samples that
+    pass ``cfg.keep``, were scored without error and did not hit the length limit
+    (they would teach the model not to stop), distinct responses only, highest reward first (ties in
     group order), at most ``cfg.max_per_prompt``."""
     kept: list[Trajectory] = []
     for group in groups:
-        passed = [t for t in usable(group) if not t.truncated and _accepted(t, cfg)]
+        passed = [
+            t
+            for t in usable(group)
+            if not t.truncated and t.reward_error is None and _accepted(t, cfg)
+        ]
         passed.sort(key=lambda t: -t.reward)  # stable: equal rewards keep group order
         seen: set[tuple[int, ...]] = set()
         for t in passed:
