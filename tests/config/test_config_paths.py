@@ -18,6 +18,9 @@ eval_path = "../shared/test.jsonl"
 type = "my_env.py:make"
 [orchestrator]
 train_from = "old/trajectories"
+[sft]
+source = "file"
+path = "data/chats.jsonl"
 [[reward.components]]
 type = "python"
 function = "rewards/mine.py:score"
@@ -44,6 +47,7 @@ def test_paths_in_a_file_resolve_against_its_folder(tmp_path, monkeypatch):
     assert cfg.model.path == str(here / "models" / "small")
     assert cfg.env.type == f"{here / 'my_env.py'}:make"
     assert cfg.orchestrator.train_from == str(here / "old" / "trajectories")
+    assert cfg.sft.path == str(here / "data" / "chats.jsonl")
     functions = [c.function for c in cfg.reward.components]
     assert functions == [f"{here / 'rewards' / 'mine.py'}:score", "my_package.rewards:score"]
     assert cfg.run.output_dir == "runs"  # stays relative to the working directory

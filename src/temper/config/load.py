@@ -141,7 +141,7 @@ def _absolute_file_spec(value: Any, base: Path) -> Any:
 def resolve_paths(data: dict[str, Any], base: Path) -> None:
     """Make the relative paths in raw config ``data`` absolute against ``base``, in place.
 
-    The path keys: data.path, data.eval_path, model.path (unless a built-in name),
+    The path keys: data.path, data.eval_path, sft.path, model.path (unless a built-in name),
     orchestrator.train_from, and the file of a "file.py:function" reward or env.
     run.output_dir stays relative to the working directory, as runs/ is by custom.
     Values of the wrong type are left for validation to name.
@@ -154,6 +154,8 @@ def resolve_paths(data: dict[str, Any], base: Path) -> None:
     for key in ("path", "eval_path"):
         if key in section("data"):
             data["data"][key] = _absolute(data["data"][key], base)
+    if "path" in section("sft"):
+        data["sft"]["path"] = _absolute(data["sft"]["path"], base)
     model_path = section("model").get("path")
     if model_path is not None and model_path not in MODEL_ALIASES:
         data["model"]["path"] = _absolute(model_path, base)

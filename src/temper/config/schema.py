@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from temper.config.orchestrator import OrchestratorConfig
 from temper.config.sampler import SamplerConfig
+from temper.config.self_improve import RFTConfig, SFTConfig, check_self_improve
 from temper.envs.base import EpisodeLimits
 from temper.monitor.health import HealthConfig
 
@@ -358,6 +359,13 @@ class AlgoConfig(_Section):
 
 
 class TrainerConfig(_Section):
+    mode: Literal["rl", "sft", "rft"] = Field(
+        "rl",
+        description="rl: policy-gradient steps on scored groups (`algo`). sft: supervised "
+        "steps on the `sft` conversations (loss on assistant tokens). rft: rejection-sampling "
+        "fine-tuning, each step a round: generate, keep by reward (`rft`), supervised steps "
+        "(docs/self_improvement.md).",
+    )
     lr: float = Field(1e-4, gt=0, le=1, description="Peak learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas.")
@@ -391,7 +399,9 @@ class TrainerConfig(_Section):
         "auto",
         description="bf16 uses autocast; auto = bf16 on CUDA, fp32 on CPU (weights stay fp32).",
     )
-    ppo_epochs: int = Field(1, ge=1, description="Passes over each batch.")
+    ppo_epochs: int = Field(
+        1, ge=1, description="Passes over each batch (sft/rft: over each step's samples)."
+    )
     mini_batches: int = Field(1, ge=1, description="Optimizer steps per pass.")
     freeze_vision_tower: bool = Field(
         True,
@@ -492,3 +502,10 @@ class Config(_Section):
     log: LogConfig = Field(default_factory=LogConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    rft: RFTConfig = Field(default_factory=RFTConfig)
+
+    @model_validator(mode="after")
+    def _modes_fit(self) -> Config:
+        check_self_improve(self)
+        return self

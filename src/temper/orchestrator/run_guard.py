@@ -33,7 +33,8 @@ from temper.rollout.trajectory import Trajectory
 def check_can_learn(cfg: Config) -> None:
     """Refuse a config that cannot update the policy once (ConfigError, before any work)."""
     o = cfg.orchestrator
-    if o.mode != "rollout_only" and o.group_size < 2:
+    # sft/rft train on likelihood, not on comparisons within a group.
+    if o.mode != "rollout_only" and o.group_size < 2 and cfg.trainer.mode == "rl":
         raise ConfigError(
             f"orchestrator.group_size = {o.group_size} cannot learn: algo.advantage = "
             f"{cfg.algo.advantage!r} compares each sample with the others of its group, so "

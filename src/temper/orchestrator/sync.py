@@ -53,6 +53,7 @@ from temper.orchestrator.run_guard import (
     check_log_config,
     check_reward_functions,
 )
+from temper.orchestrator.self_improve import build_self_improve
 from temper.orchestrator.stage_model import format_plan
 from temper.orchestrator.step_metrics import rollout_metrics
 from temper.rollout.multi_turn import episode_stats
@@ -120,6 +121,8 @@ class SyncOrchestrator:
         self.sampler, self.eval_tasks = self.rollouts.train, self.rollouts.heldout
         self._check_prompts_fit()
         check_reward_functions(cfg, [*self.eval_tasks, *getattr(self.sampler, "tasks", [])])
+        # trainer.mode = "sft" / "rft": the steps are run there (None: RL steps, here).
+        self.self_improve = build_self_improve(cfg, self.trainer, self.backend, self.tokenizer)
         if HealthMonitor(cfg.health).may_skip and getattr(self.trainer, "snapshot", None) is None:
             raise ConfigError("health checks with action 'skip' need trainer.world_size = 1")
         self.run_dir.create(cfg)  # replaces an old run (overwrite) only now
@@ -161,6 +164,8 @@ class SyncOrchestrator:
         state, trainer_state, rng = load_checkpoint_state(ckpt)
         restore_trainer(self.trainer, trainer_state, ckpt)  # any world size wrote it
         self.sampler.load_state_dict(state["sampler"])
+        if self.self_improve is not None:
+            self.self_improve.load_state_dict(state)
         set_rng_state(rng)
         self.start_step = int(state["step"])
         self.backend.version = int(state["version"])
@@ -197,6 +202,10 @@ class SyncOrchestrator:
         return result
 
     async def train_step(self, step: int) -> dict[str, Any]:
+        if self.self_improve is not None:  # trainer.mode = "sft" / "rft"
+            m, self._last_trajs = await self.self_improve.step(step)
+            self._write_samples(step, self._last_trajs, int(m.get("reward_errors", 0)))
+            return m
         cfg = self.cfg
         t0 = time.perf_counter()
         version_before = self.backend.version
@@ -294,13 +303,17 @@ class SyncOrchestrator:
         m["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
         if cfg.env.enabled:
             m.update({f"env/{k}": v for k, v in episode_stats(flat).items()})
-        n_keep = cfg.log.trajectories_per_step
+        self._write_samples(step, flat, failures)
+        return m
+
+    def _write_samples(self, step: int, flat: list[Trajectory], failures: int) -> None:
+        """Record ``log.trajectories_per_step`` of the step's samples, and its reward errors."""
+        n_keep = self.cfg.log.trajectories_per_step
         if n_keep:
             stride = max(1, len(flat) // n_keep)
             self.run_dir.write_trajectories(step, flat[::stride][:n_keep])
         if failures:
             self.events.write({"step": step, "kind": "reward_errors", "count": failures})
-        return m
 
     async def _check_before_publish(
         self,
@@ -333,7 +346,11 @@ class SyncOrchestrator:
             self.model,
             self.model_files,
             self.trainer.state_dict(),
-            {"version": self.backend.version, "sampler": self.sampler.state_dict()},
+            {
+                "version": self.backend.version,
+                "sampler": self.sampler.state_dict(),
+                **(self.self_improve.state_dict() if self.self_improve is not None else {}),
+            },
             keep=self.cfg.checkpoint.keep,
             write_extra=getattr(self.trainer, "write_sharded_state", None),
         )

@@ -9,6 +9,11 @@ prompts once for all their responses (`temper.trainer.forward`), or, with
 normalised by the mini-batch's global token/sequence counts so accumulation
 equals one big batch.
 
+With ``trainer.mode = "sft"`` or ``"rft"`` the same step minimises the
+negative log-likelihood of the loss-masked tokens instead (`_sft_loss`: token
+mean over the mini-batch, advantages ignored); batching, packing, passes and
+mini-batches are the same.
+
 It does not generate, score or talk to the engine: the orchestrator does that.
 
 A few small methods (`_shard`, `_plan`, `_collate`, `_reduce_sums`,
@@ -173,10 +178,11 @@ class PolicyTrainer:
         chunks = [order[k :: self.cfg.mini_batches] for k in range(self.cfg.mini_batches)]
         chunks = [c for c in chunks if c]
         mine = sorted({i for c in chunks for i in self._shard(trajs, c)})
-        needs_old = self.cfg.ppo_epochs > 1 or self.cfg.mini_batches > 1
+        rl = self.cfg.mode == "rl"  # sft/rft: a likelihood loss, no old or reference policy
+        needs_old = rl and (self.cfg.ppo_epochs > 1 or self.cfg.mini_batches > 1)
         old = self._logprobs_no_grad(self.model, trajs, mine) if needs_old else None
         ref = None
-        if self.ref_model is not None:
+        if self.ref_model is not None and rl:
             ref = self._logprobs_no_grad(self.ref_model, trajs, mine)
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, float] = defaultdict(float)
@@ -216,6 +222,8 @@ class PolicyTrainer:
         if math.isfinite(grad_norm):
             self.optimizer.step()
         self.scheduler.step()
+        if self.cfg.mode != "rl":
+            return _sft_stats(acc, totals[0], grad_norm, lr)
         return self._step_stats(acc, totals[0], grad_norm, lr, ref is not None)
 
     def _micro_batch_loss(
@@ -228,6 +236,8 @@ class PolicyTrainer:
         acc: dict[str, float],
     ) -> torch.Tensor:
         """The loss of micro-batch ``rows`` (summable across micro-batches); adds to ``acc``."""
+        if self.cfg.mode != "rl":
+            return self._sft_loss(trajs, rows, totals, acc)
         mb = self._collate(trajs, rows)
         logits = self._forward_logits(self.model, mb)
         logprobs = mb.to_rows(token_logprobs(logits, mb.targets))
@@ -290,6 +300,21 @@ class PolicyTrainer:
             acc[key] += float(clip_stats[key]) * n_tok
         return loss
 
+    def _sft_loss(
+        self,
+        trajs: list[Trajectory],
+        rows: list[int],
+        totals: tuple[float, float],
+        acc: dict[str, float],
+    ) -> torch.Tensor:
+        """Negative log-likelihood of the loss-masked tokens of ``rows``, over the
+        mini-batch's token count ``totals[0]`` (so micro-batches add up to its mean)."""
+        mb = self._collate(trajs, rows)
+        logprobs = mb.to_rows(token_logprobs(self._forward_logits(self.model, mb), mb.targets))
+        loss = aggregate_loss(-logprobs, mb.loss_mask, "token-mean", total_tokens=totals[0])
+        acc["loss"] += float(loss.detach())
+        return loss
+
     def _step_stats(
         self, acc: dict[str, float], total_tokens: float, grad_norm: float, lr: float, has_ref: bool
     ) -> dict[str, tuple[float, float]]:
@@ -338,6 +363,20 @@ class PolicyTrainer:
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+
+
+def _sft_stats(
+    acc: dict[str, float], total_tokens: float, grad_norm: float, lr: float
+) -> dict[str, tuple[float, float]]:
+    """A supervised step's stats: its loss is the NLL per token, weighted by tokens."""
+    w = max(total_tokens, 1.0)
+    return {
+        "loss": (acc["loss"], w),
+        "nll_per_token": (acc["loss"], w),
+        "grad_norm": (grad_norm, 1.0),
+        "lr": (lr, 1.0),
+        "train_tokens": (total_tokens, 1.0),
+    }
 
 
 def _stack_rows(rows: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
