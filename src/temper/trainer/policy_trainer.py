@@ -1,7 +1,8 @@
-"""The policy update: recompute logprobs, PPO-clip loss, AdamW step.
+"""The policy update: recompute logprobs, policy loss (PPO clip, GSPO or CISPO), AdamW step.
 
 Plain PyTorch. One call to `train_step` takes a batch of scored trajectories
-(advantages already set), runs `ppo_epochs` passes of `mini_batches` optimizer
+(advantages already set; for full REINFORCE++ it turns their outcome rewards
+into per-token advantages first, `temper.trainer.objective`), runs `ppo_epochs` passes of `mini_batches` optimizer
 steps each, and returns metrics. Each optimizer step accumulates gradients
 over micro-batches cut by a padded-token budget, each running its distinct
 prompts once for all their responses (`temper.trainer.forward`), or, with
