@@ -3,7 +3,9 @@
 Every function takes the rewards of a batch laid out as `[num_groups, group_size]`
 (one row per prompt, one column per sampled completion of that prompt) and returns
 advantages of the same shape. A sequence-level advantage is later broadcast over
-the sequence's policy tokens by the loss.
+the sequence's policy tokens by the loss. Full REINFORCE++ (the end of this
+module) is the exception: its advantages are per token and need the logprobs,
+so the trainer finishes them.
 
 Standard deviations use the *unbiased* (Bessel-corrected, divide by n - 1)
 convention, the default of `torch.std` and the one TRL, verl and OpenRLHF use.
@@ -15,7 +17,9 @@ from typing import Literal, get_args
 
 import torch
 
-AdvantageName = Literal["grpo", "grpo_no_std", "dr_grpo", "rloo", "reinforce_pp_baseline"]
+AdvantageName = Literal[
+    "grpo", "grpo_no_std", "dr_grpo", "rloo", "reinforce_pp_baseline", "reinforce_pp"
+]
 
 
 def _as_groups(rewards: torch.Tensor) -> torch.Tensor:
@@ -102,7 +106,10 @@ def compute_advantages(name: AdvantageName, rewards: torch.Tensor) -> torch.Tens
 
     `"grpo"`: `grpo_advantages`; `"grpo_no_std"`: `grpo_advantages(scale_by_std=False)`
     (numerically the same as `"dr_grpo"`); `"dr_grpo"`; `"rloo"`;
-    `"reinforce_pp_baseline"`.
+    `"reinforce_pp_baseline"`; `"reinforce_pp"`: the rewards themselves, unchanged (full
+    REINFORCE++ has no group baseline: its per-token advantages come from these outcome
+    rewards, the per-token KL and a batch normalisation, which the trainer computes with
+    `reinforce_pp_token_returns` and `normalise_over_batch`, where the logprobs are).
     """
     if name == "grpo":
         return grpo_advantages(rewards)
@@ -114,6 +121,71 @@ def compute_advantages(name: AdvantageName, rewards: torch.Tensor) -> torch.Tens
         return rloo_advantages(rewards)
     if name == "reinforce_pp_baseline":
         return reinforce_pp_baseline_advantages(rewards)
+    if name == "reinforce_pp":
+        return _as_groups(rewards).clone()
     raise ValueError(
         f"unknown advantage estimator {name!r}; expected one of {get_args(AdvantageName)}"
     )
+
+
+def reinforce_pp_token_returns(
+    outcome: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, kl_coef: float
+) -> torch.Tensor:
+    """Per-token returns of full REINFORCE++ (Hu 2025, "REINFORCE++", arXiv:2501.03262).
+
+    The KL to the reference policy is part of the reward, token by token, and the
+    outcome reward arrives at the sequence's last policy token:
+
+        r_t = -kl_coef * KL_t + 1[t = last policy token] * outcome
+        G_t = sum_{s >= t} r_s            (undiscounted, gamma = 1, over policy tokens)
+
+    ``outcome`` is ``[B]``; ``kl`` and ``mask`` are ``[B, T]`` (``kl`` a per-token
+    estimate, e.g. `temper.algos.kl.kl_estimate`, of the sampling policy against
+    the reference). Tokens off the mask (padding, a multi-turn episode's
+    observations) carry no reward and get return 0; a policy token's return still
+    counts the rewards of later turns. A row without policy tokens is all zeros.
+    Normalise the result over the batch with `normalise_over_batch`.
+    """
+    maskf = mask.to(kl.dtype)
+    rewards = -kl_coef * kl * maskf
+    positions = torch.arange(mask.shape[-1], device=mask.device).expand_as(maskf)
+    last = torch.where(mask.bool(), positions, -1).max(dim=-1).values  # [B], -1: no tokens
+    rows = torch.nonzero(last >= 0).squeeze(-1)
+    rewards = rewards.index_put((rows, last[rows]), outcome.to(kl.dtype)[rows], accumulate=True)
+    returns = rewards.flip(-1).cumsum(-1).flip(-1)
+    return returns * maskf
+
+
+def masked_moments(values: torch.Tensor, mask: torch.Tensor) -> tuple[float, float, float]:
+    """(count, sum, sum of squares) of ``values`` over ``mask``, in float64.
+
+    Sums, so that processes holding parts of a batch can add theirs before
+    `normalise_over_batch` (which then normalises over the whole batch)."""
+    maskf = mask.to(torch.float64)
+    v = values.detach().to(torch.float64) * maskf
+    return float(maskf.sum()), float(v.sum()), float((v * v).sum())
+
+
+def normalise_over_batch(
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    moments: tuple[float, float, float] | None = None,
+    eps: float = 1e-6,
+) -> torch.Tensor:
+    """Global advantage normalisation of REINFORCE++: one mean and std over every
+    policy token of the batch (not per group, not per sequence):
+
+        A_t = (G_t - mean_batch(G)) / (std_batch(G) + eps)
+
+    std is the unbiased sample standard deviation over the batch's policy tokens.
+    ``moments`` are the batch's `masked_moments` (default: those of ``values``
+    itself); pass the sums over all processes when each holds part of the batch.
+    Entries off the mask are 0. A batch with fewer than two policy tokens gets 0.
+    """
+    count, total, total_sq = masked_moments(values, mask) if moments is None else moments
+    maskf = mask.to(values.dtype)
+    if count < 2:
+        return torch.zeros_like(values)
+    mean = total / count
+    var = max(total_sq - count * mean * mean, 0.0) / (count - 1)
+    return (values - mean) / (var**0.5 + eps) * maskf

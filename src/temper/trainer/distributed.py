@@ -93,7 +93,7 @@ class DistributedTrainer:
         self.world_size = cfg.world_size
         spec = WorkerSpec(
             model_path=model_path,
-            ref_path=ref_path if algo.kl_coef > 0 else None,
+            ref_path=ref_path if algo.uses_reference else None,
             cfg=cfg,
             algo=algo,
             total_steps=total_steps,
@@ -288,7 +288,7 @@ def build_trainer(cfg: Any, model: torch.nn.Module, model_path: str, pad_id: int
     from temper.vision.processor import pixel_source, vision_for
     from temper.vision.store import run_image_store
 
-    ref_path = str(resolve_model_path(cfg.model.path)) if cfg.algo.kl_coef > 0 else None
+    ref_path = str(resolve_model_path(cfg.model.path)) if cfg.algo.uses_reference else None
     steps = cfg.orchestrator.steps
     vision = vision_for(str(resolve_model_path(cfg.model.path)))
     if cfg.trainer.world_size > 1:

@@ -1,7 +1,8 @@
-"""The policy update: recompute logprobs, PPO-clip loss, AdamW step.
+"""The policy update: recompute logprobs, policy loss (PPO clip, GSPO or CISPO), AdamW step.
 
 Plain PyTorch. One call to `train_step` takes a batch of scored trajectories
-(advantages already set), runs `ppo_epochs` passes of `mini_batches` optimizer
+(advantages already set; for full REINFORCE++ it turns their outcome rewards
+into per-token advantages first, `temper.trainer.objective`), runs `ppo_epochs` passes of `mini_batches` optimizer
 steps each, and returns metrics. Each optimizer step accumulates gradients
 over micro-batches cut by a padded-token budget, each running its distinct
 prompts once for all their responses (`temper.trainer.forward`), or, with
@@ -36,7 +37,8 @@ from temper.algos import (
     aggregate_loss,
     entropy_from_logits,
     kl_estimate,
-    ppo_clip_loss,
+    masked_moments,
+    normalise_over_batch,
     token_logprobs,
 )
 from temper.algos.off_policy import importance_weights
@@ -45,6 +47,7 @@ from temper.devices import trainer_precision
 from temper.rollout.trajectory import Trajectory
 from temper.trainer.batching import MicroBatch, PixelSource, collate, plan_micro_batches
 from temper.trainer.forward import response_logits
+from temper.trainer.objective import policy_objective, reinforce_pp_returns
 from temper.trainer.optim import build_optimizer
 from temper.trainer.packing import (
     PackedMicroBatch,
@@ -54,27 +57,41 @@ from temper.trainer.packing import (
     plan_packed_rows,
 )
 
-#: Importance-ratio statistics logged each step: token-weighted means and maxima.
+#: Objective and importance-ratio statistics logged each step, when the objective
+#: gives them: means weighted by policy tokens, means weighted by sequences, maxima.
 _RATIO_MEANS = (
+    "clip_frac_low",
+    "clip_frac_high",
     "ratio_mean",
+    "cispo_clip_frac_low",
+    "cispo_clip_frac_high",
+    "cispo_weight_mean",
     "is_ratio_mean",
     "is_weight_mean",
     "is_log_ratio_abs_mean",
     "is_truncated_frac",
     "is_masked_frac",
 )
-_RATIO_MAXES = ("ratio_max", "is_ratio_max")
+_SEQ_MEANS = ("seq_clip_frac_low", "seq_clip_frac_high", "seq_ratio_mean")
+_RATIO_MAXES = ("ratio_max", "is_ratio_max", "seq_ratio_max")
 
 
-def _accumulate_ratio_stats(acc: dict[str, float], stats: dict, n_tok: float) -> None:
-    """Add a micro-batch's ratio stats to ``acc`` (means weighted by its tokens)."""
+def _accumulate_ratio_stats(acc: dict[str, float], stats: dict, n_tok: float, n_seq: float) -> None:
+    """Add a micro-batch's ratio stats to ``acc`` (means weighted by its tokens or
+    sequences with policy tokens; the sequence count goes to ``acc["stat_seqs"]``)."""
     if not n_tok:
         return
     for key in _RATIO_MEANS:
         if key in stats:
             acc[key] += float(stats[key]) * n_tok
+    if any(key in stats for key in _SEQ_MEANS):
+        acc["stat_seqs"] += n_seq
+    for key in _SEQ_MEANS:
+        if key in stats:
+            acc[key] += float(stats[key]) * n_seq
     for key in _RATIO_MAXES:
-        acc[key] = max(acc.get(key, 0.0), float(stats[key]))
+        if key in stats:
+            acc[key] = max(acc.get(key, 0.0), float(stats[key]))
 
 
 class PolicyTrainer:
@@ -179,20 +196,53 @@ class PolicyTrainer:
         chunks = [c for c in chunks if c]
         mine = sorted({i for c in chunks for i in self._shard(trajs, c)})
         rl = self.cfg.mode == "rl"  # sft/rft: a likelihood loss, no old or reference policy
-        needs_old = rl and (self.cfg.ppo_epochs > 1 or self.cfg.mini_batches > 1)
+        reward_kl = rl and self.algo.advantage == "reinforce_pp" and self.algo.reward_kl_coef > 0
+        needs_old = rl and (self.cfg.ppo_epochs > 1 or self.cfg.mini_batches > 1 or reward_kl)
         old = self._logprobs_no_grad(self.model, trajs, mine) if needs_old else None
         ref = None
         if self.ref_model is not None and rl:
             ref = self._logprobs_no_grad(self.ref_model, trajs, mine)
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, float] = defaultdict(float)
+        token_adv = None
+        if self.algo.advantage == "reinforce_pp":
+            token_adv, rpp_stats = self._reinforce_pp_advantages(trajs, mine, old, ref)
+            for name, value in rpp_stats.items():
+                sums[name], counts[name] = value, 1.0
         for _epoch in range(self.cfg.ppo_epochs):
             for chunk in chunks:
-                stats = self._optimizer_step(trajs, chunk, old, ref)
+                stats = self._optimizer_step(trajs, chunk, old, ref, token_adv)
                 for name, (value, weight) in stats.items():
                     sums[name] += value * weight
                     counts[name] += weight
         return {name: sums[name] / max(counts[name], 1e-12) for name in sums}
+
+    def _reinforce_pp_advantages(
+        self,
+        trajs: list[Trajectory],
+        rows: list[int],
+        old: dict[int, torch.Tensor] | None,
+        ref: dict[int, torch.Tensor] | None,
+    ) -> tuple[dict[int, torch.Tensor], dict[str, float]]:
+        """Full REINFORCE++'s per-token advantages [R_i] of ``trajs[i] for i in rows``.
+
+        The orchestrator left each trajectory's outcome reward in ``advantage``
+        (`compute_advantages("reinforce_pp")`); here the KL of the policy at the
+        step's start (``old``) to the reference joins the reward token by token,
+        and the returns are normalised over the whole step's batch: the moments
+        are summed over processes (`_reduce_sums`), so every rank normalises alike.
+        """
+        returns, mask, kl = reinforce_pp_returns(self.algo, trajs, rows, old, ref)
+        count, total, total_sq = masked_moments(returns, mask)
+        kl_sum = float((kl * mask).sum())
+        sums = self._reduce_sums(
+            {"rpp_count": count, "rpp_sum": total, "rpp_sum_sq": total_sq, "rpp_kl": kl_sum}
+        )
+        moments = (sums["rpp_count"], sums["rpp_sum"], sums["rpp_sum_sq"])
+        adv = normalise_over_batch(returns, mask, moments)
+        per_row = {i: adv[k, : len(trajs[i].response_ids)] for k, i in enumerate(rows)}
+        stats = {"reward_kl": sums["rpp_kl"] / max(sums["rpp_count"], 1.0)}
+        return per_row, stats
 
     def _optimizer_step(
         self,
@@ -200,6 +250,7 @@ class PolicyTrainer:
         chunk: list[int],
         old: dict[int, torch.Tensor] | None,
         ref: dict[int, torch.Tensor] | None,
+        token_adv: dict[int, torch.Tensor] | None = None,
     ) -> dict[str, tuple[float, float]]:
         """One optimizer step over ``trajs[i] for i in chunk``; stats map name -> (value, weight).
 
@@ -214,7 +265,7 @@ class PolicyTrainer:
         mine = self._shard(trajs, chunk)
         for idx in self._plan([trajs[i] for i in mine]):
             rows = [mine[j] for j in idx]
-            loss = self._micro_batch_loss(trajs, rows, old, ref, totals, acc)
+            loss = self._micro_batch_loss(trajs, rows, old, ref, totals, acc, token_adv)
             loss.backward()
         acc = self._reduce_sums(dict(acc))
         grad_norm = self._clip_grads()
@@ -234,8 +285,12 @@ class PolicyTrainer:
         ref: dict[int, torch.Tensor] | None,
         totals: tuple[float, float],
         acc: dict[str, float],
+        token_adv: dict[int, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """The loss of micro-batch ``rows`` (summable across micro-batches); adds to ``acc``."""
+        """The loss of micro-batch ``rows`` (summable across micro-batches); adds to ``acc``.
+
+        ``token_adv``: per-token advantages by row (full REINFORCE++), replacing the
+        trajectories' own."""
         if self.cfg.mode != "rl":
             return self._sft_loss(trajs, rows, totals, acc)
         mb = self._collate(trajs, rows)
@@ -254,16 +309,11 @@ class PolicyTrainer:
         # policy, with importance weights pi_prox / mu (temper.algos.off_policy).
         correction = self.algo.off_policy_correction
         anchor = mb.behaviour_logprobs if correction == "behaviour" else old_lp
-        per_token, clip_stats = ppo_clip_loss(
-            logprobs,
-            anchor,
-            mb.advantages,
-            mb.loss_mask,
-            clip_low=self.algo.clip_low,
-            clip_high=self.algo.clip_high,
-            dual_clip=self.algo.dual_clip,
-        )
+        advantages = mb.advantages
+        if token_adv is not None:
+            advantages = _stack_rows([token_adv[i] for i in rows], logprobs)
         mask = mb.loss_mask
+        per_token, clip_stats = policy_objective(self.algo, logprobs, anchor, advantages, mask)
         n_tok = float(mask.sum())
         weights, is_stats = importance_weights(
             old_lp,
@@ -276,7 +326,8 @@ class PolicyTrainer:
         )
         if weights is not None:
             per_token = per_token * weights
-        _accumulate_ratio_stats(acc, {**clip_stats, **is_stats}, n_tok)
+        n_seq = float((mask.sum(dim=-1) > 0).sum())
+        _accumulate_ratio_stats(acc, {**clip_stats, **is_stats}, n_tok, n_seq)
         if ref is not None and self.algo.kl_coef > 0:
             ref_lp = _stack_rows([ref[i] for i in rows], logprobs)
             kl = kl_estimate(logprobs, ref_lp, kind=self.algo.kl_estimator)
@@ -296,8 +347,6 @@ class PolicyTrainer:
         diff = (logprobs.detach() - mb.behaviour_logprobs).abs() * mask
         acc["mismatch_abs"] += float(diff.sum())
         acc["mismatch_max"] = max(acc["mismatch_max"], float(diff.max()) if n_tok else 0.0)
-        for key in ("clip_frac_low", "clip_frac_high"):
-            acc[key] += float(clip_stats[key]) * n_tok
         return loss
 
     def _sft_loss(
@@ -326,12 +375,14 @@ class PolicyTrainer:
             "entropy": (acc["entropy"] / w, w),
             "train_infer_logprob_diff": (acc["mismatch_abs"] / w, w),
             "train_infer_logprob_diff_max": (acc["mismatch_max"], 1.0),
-            "clip_frac_low": (acc["clip_frac_low"] / w, w),
-            "clip_frac_high": (acc["clip_frac_high"] / w, w),
         }
         for key in _RATIO_MEANS:
             if key in acc:
                 stats[key] = (acc[key] / w, w)
+        seqs = acc.get("stat_seqs", 0.0)
+        for key in _SEQ_MEANS:
+            if key in acc and seqs > 0:
+                stats[key] = (acc[key] / seqs, seqs)
         for key in _RATIO_MAXES:
             if key in acc:
                 stats[key] = (acc[key], 1.0)
