@@ -55,7 +55,12 @@ from temper.orchestrator.run_guard import (
 )
 from temper.orchestrator.self_improve import build_self_improve
 from temper.orchestrator.stage_model import format_plan
-from temper.orchestrator.step_metrics import rollout_metrics
+from temper.orchestrator.step_metrics import (
+    rollout_metrics,
+    rollout_seconds,
+    stage_times,
+    staleness_metrics,
+)
 from temper.rollout.multi_turn import episode_stats
 from temper.rollout.single_turn import check_prompt_fits
 from temper.rollout.trajectory import Trajectory
@@ -274,23 +279,11 @@ class SyncOrchestrator:
             samples=len(flat),
             reward_errors=failures,
             policy_version=self.backend.version,
-            time_generate_s=rollout_stats["time_generate_s"],
-            time_reward_s=rollout_stats["time_reward_s"],
-            time_train_s=t3 - t2,
-            time_weight_sync_s=t4 - t3,
-            time_step_s=t4 - t0,
-            # Async: per second the rollout side was busy, not per second the trainer waited.
-            gen_tokens_per_s=m["tokens_generated"] / max(_rollout_seconds(rollout_stats), 1e-9),
+            gen_tokens_per_s=m["tokens_generated"] / max(rollout_seconds(rollout_stats), 1e-9),
         )
-        # Staleness: the policy version trained on minus the version that sampled each token.
-        sampled = [v for t in flat for v, mask in zip(t.versions, t.loss_mask, strict=True) if mask]
-        m["staleness_max"] = float(max((version_before - v for v in sampled), default=0))
-        m["staleness_mean"] = sum(version_before - v for v in sampled) / max(len(sampled), 1)
+        m.update(stage_times(rollout_stats, t0, t2, t3, t4))
+        m.update(staleness_metrics(flat, version_before))
         m.update(extra)
-        # train_only steps generate nothing: their rollout stage is reading the records.
-        m["time_rollout_busy_s"] = rollout_stats.get("time_rollout_busy_s", 0.0)
-        m["time_idle_trainer_s"] = max(0.0, m["time_step_s"] - m["time_train_s"])
-        m["time_idle_rollout_s"] = max(0.0, m["time_step_s"] - m["time_rollout_busy_s"])
         if self.placer is not None:
             p = self.placer
             m.update(placement_metrics(p.current, compute.cores(), p.worker_threads))
@@ -326,7 +319,7 @@ class SyncOrchestrator:
         """Run the health checks before the new weights go out; False if a "skip" undid them."""
         probe = {**rollout_metrics(flat), **train_stats}
         probe["gen_tokens_per_s"] = probe["tokens_generated"] / max(
-            _rollout_seconds(rollout_stats), 1e-9
+            rollout_seconds(rollout_stats), 1e-9
         )
         self._step_alerts = self.health.check(step, probe)
         if not any(a.action == "skip" for a in self._step_alerts):
@@ -500,10 +493,6 @@ class SyncOrchestrator:
         close_trainer = getattr(self.trainer, "close", None)  # stops FSDP ranks, if any
         if close_trainer is not None:
             close_trainer()
-
-
-def _rollout_seconds(stats: dict[str, float]) -> float:
-    return stats.get("time_rollout_busy_s", stats["time_generate_s"])
 
 
 def _eval_line(step: int, result: dict[str, Any]) -> str:
