@@ -146,6 +146,11 @@ def test_plan_reads_stages_and_eval_time_from_a_run_directory(tmp_path):
     # Stages that took as long on 1 core as on 2: exponent 0, so overlapping wins.
     assert plan.rollout_scaling.exponent == pytest.approx(0.0, abs=1e-12)
     assert plan.best.placement.max_staleness == 1
+    # How to run it: the run was local, so the split needs rollout workers.
+    assert plan.notes[-1].endswith(
+        "--orchestrator.backend=process --orchestrator.worker_threads=1 --run.threads=1 "
+        "--orchestrator.max_staleness=1 (or --orchestrator.placement=auto)"
+    )
     coloc = next(o for o in plan.options if o.placement.colocated(2))
     assert coloc.measured_step_s == pytest.approx(2.0) and coloc.step_s == pytest.approx(2.0)
     assert run_plan(run, units=4).units == 4

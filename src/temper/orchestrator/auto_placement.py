@@ -88,7 +88,21 @@ def run_plan(
     # Each eval/step_N.json holds its eval's wall time (runs before this kept none).
     evals = sum(json.loads(p.read_text()).get("time_s", 0.0) for p in run.glob("eval/step_*.json"))
     plan.eval_s_per_step = evals / max(int(r.get("step", 0)) for r in rows)
+    plan.notes.append(f"to run the best option: {apply_flags(plan, cfg)}")
     return plan
+
+
+def apply_flags(plan: Plan, cfg: Config) -> str:
+    """The overrides that run ``plan``'s best option as a fixed placement."""
+    p, o = plan.best.placement, cfg.orchestrator
+    backend = "process" if o.backend == "local" else o.backend  # a split needs workers
+    if p.colocated(plan.units) and o.backend == "local":
+        return f"--run.threads={p.trainer_units} --orchestrator.max_staleness=0"
+    return (
+        f"--orchestrator.backend={backend} --orchestrator.worker_threads="
+        f"{max(1, p.rollout_units // plan.workers)} --run.threads={p.trainer_units} "
+        f"--orchestrator.max_staleness={p.max_staleness} (or --orchestrator.placement=auto)"
+    )
 
 
 def check_auto_placement(cfg: Config) -> None:
