@@ -347,6 +347,24 @@ class AlgoConfig(_Section):
     )
     is_cap: float = Field(2.0, gt=0, description="tis truncation / mis upper bound C.")
     is_low: float = Field(0.0, ge=0, description="mis lower bound (ratios below are masked).")
+    credit: Literal["outcome", "turn"] = Field(
+        "outcome",
+        description="Multi-turn credit assignment: outcome (every token gets the episode's "
+        "advantage) or turn (each turn's tokens get the advantage of its discounted return "
+        "from that turn on, against the group's at the same turn index; env runs only).",
+    )
+    turn_discount: float = Field(
+        1.0, ge=0, le=1, description="credit = turn: discount gamma from one turn to the next."
+    )
+
+    @model_validator(mode="after")
+    def _discount_needs_turn_credit(self) -> AlgoConfig:
+        if self.turn_discount != 1.0 and self.credit != "turn":
+            raise ValueError(
+                f"algo.turn_discount = {self.turn_discount} applies only with algo.credit = "
+                "'turn' (outcome credit has no turns to discount)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _is_band(self) -> AlgoConfig:
@@ -492,3 +510,12 @@ class Config(_Section):
     log: LogConfig = Field(default_factory=LogConfig)
     health: HealthConfig = Field(default_factory=HealthConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+
+    @model_validator(mode="after")
+    def _turn_credit_needs_env(self) -> Config:
+        if self.algo.credit == "turn" and not self.env.enabled:
+            raise ValueError(
+                "algo.credit = 'turn' needs a multi-turn env (env.type); single-turn runs "
+                "have one turn: use algo.credit = 'outcome'"
+            )
+        return self
