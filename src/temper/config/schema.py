@@ -161,7 +161,7 @@ class EnvConfig(_Section):
         "none",
         min_length=1,
         description='"none": single-turn prompts from `data`, scored by `reward`. Otherwise a '
-        "multi-turn env: a built-in (tool_use, code, guess_number, wordle, gym, visual_grid, miniwob) or "
+        "multi-turn env: a built-in (tool_use, code, guess_number, wordle, arithmetic_chain, gym, visual_grid, miniwob) or "
         '"module:function" / "file.py:function" returning a temper.envs.registry.EnvSpec.',
     )
     options: dict[str, Any] = Field(
