@@ -1,3 +1,4 @@
+import json
 import math
 
 import pytest
@@ -81,3 +82,12 @@ def test_turn_credit_gives_each_turn_its_return_against_the_same_turn_index():
     # Outcome credit clears them again.
     assign_advantages([[a, b, c]], "dr_grpo", False)
     assert a.token_advantages is None and a.advantage == 0.0
+
+
+def test_token_advantages_must_match_the_response_and_round_trip_through_json():
+    with pytest.raises(ValueError, match="2 token_advantages for 3 response tokens"):
+        Trajectory(**{**_episode([1.0], [(0, 3)], 3).to_json(), "token_advantages": [0, 1]})
+    t = _episode([1.0, 0.0], [(0, 1), (2, 3)], 3)
+    t.token_advantages = [0.5, 0.0, -0.5]
+    back = Trajectory(**json.loads(json.dumps(t.to_json())))
+    assert back.token_advantages == [0.5, 0.0, -0.5] and back.advantage_row() == [0.5, 0.0, -0.5]
