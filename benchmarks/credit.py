@@ -19,7 +19,7 @@ seeds of the held-out success and of the right-answer rate over the last
 arm's mean final right-answer rate, as a 3-step rolling mean), and the ratios
 turn / outcome.
 
-    nice -n 15 .venv/bin/python benchmarks/credit.py [--seeds 0 1 2] [--steps 16]
+    nice -n 15 .venv/bin/python benchmarks/credit.py [--seeds 0 1 2] [--steps 10]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ import asyncio
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 
@@ -51,7 +52,7 @@ def make_config(args: argparse.Namespace, out: str, credit: str, seed: int) -> d
             "limits": {"max_turns": args.length},
         },
         "algo": algo,
-        "trainer": {"lr": args.lr},
+        "trainer": {"lr": args.lr, "warmup_steps": 1},
         "orchestrator": {
             "steps": args.steps,
             "prompts_per_step": args.prompts,
@@ -80,11 +81,14 @@ def run_one(args: argparse.Namespace, credit: str, seed: int) -> dict:
         metrics = [json.loads(x) for x in orch.run_dir.metrics.read_text().splitlines()]
         final = json.loads((orch.run_dir.eval_dir / f"step_{args.steps:06d}.json").read_text())
     per_step = args.prompts * args.group * args.length
-    return {
+    result = {
         "right_rate": [round(m["env/right"] / per_step, 4) for m in metrics],
         "heldout_success": round(final[f"mean@{args.eval_k}"], 4),
         "seconds": round(seconds, 1),
     }
+    # One line per run on stderr, so a long benchmark that is stopped keeps what it ran.
+    print(json.dumps({"credit": credit, "seed": seed, **result}), file=sys.stderr, flush=True)
+    return result
 
 
 def steps_to(curve: list[float], level: float) -> int | None:
@@ -103,15 +107,15 @@ def spread(values: list[float]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--prompts", type=int, default=4)
-    parser.add_argument("--group", type=int, default=8)
+    parser.add_argument("--group", type=int, default=6)
     parser.add_argument("--length", type=int, default=3, help="questions per episode")
     parser.add_argument("--gamma", type=float, default=0.0, help="turn_discount of the turn arm")
     parser.add_argument("--lr", type=float, default=2e-4)
-    parser.add_argument("--eval-size", type=int, default=32)
-    parser.add_argument("--eval-k", type=int, default=4)
-    parser.add_argument("--tail", type=int, default=5, help="last steps averaged")
+    parser.add_argument("--eval-size", type=int, default=24)
+    parser.add_argument("--eval-k", type=int, default=2)
+    parser.add_argument("--tail", type=int, default=4, help="last steps averaged")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     args = parser.parse_args()
     runs = {arm: [run_one(args, arm, s) for s in args.seeds] for arm in ("outcome", "turn")}
