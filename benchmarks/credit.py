@@ -19,7 +19,7 @@ seeds of the held-out success and of the right-answer rate over the last
 arm's mean final right-answer rate, as a 3-step rolling mean), and the ratios
 turn / outcome.
 
-    nice -n 15 .venv/bin/python benchmarks/credit.py [--seeds 0 1 2] [--steps 10]
+    nice -n 15 .venv/bin/python benchmarks/credit.py [--seeds 0 1 2] [--steps 30] [--gamma 0.0]
 """
 
 from __future__ import annotations
@@ -107,15 +107,15 @@ def spread(values: list[float]) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--prompts", type=int, default=4)
     parser.add_argument("--group", type=int, default=6)
     parser.add_argument("--length", type=int, default=3, help="questions per episode")
     parser.add_argument("--gamma", type=float, default=0.0, help="turn_discount of the turn arm")
     parser.add_argument("--lr", type=float, default=2e-4)
-    parser.add_argument("--eval-size", type=int, default=24)
-    parser.add_argument("--eval-k", type=int, default=2)
-    parser.add_argument("--tail", type=int, default=4, help="last steps averaged")
+    parser.add_argument("--eval-size", type=int, default=64)
+    parser.add_argument("--eval-k", type=int, default=4)
+    parser.add_argument("--tail", type=int, default=10, help="last steps averaged")
     parser.add_argument("--threads", type=int, default=2, help="torch threads")
     args = parser.parse_args()
     runs = {arm: [run_one(args, arm, s) for s in args.seeds] for arm in ("outcome", "turn")}
