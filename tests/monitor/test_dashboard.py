@@ -440,3 +440,17 @@ def test_api_over_a_real_training_run(tmp_path):
         sample = traj["samples"][0]
         assert sample["tokens"]["ids"] == rec["response_ids"]
         assert "".join(sample["tokens"]["text"]).startswith(rec["response_text"])
+
+
+def test_token_view_shows_per_token_advantages_of_turn_credit():
+    from temper.monitor.dashboard.samples import token_fields
+
+    traj = Trajectory(
+        task_id="game", group_id=0, prompt_ids=[1], response_ids=[5, 6, 7, 8, 9],
+        loss_mask=[1, 1, 0, 1, 0], behaviour_logprobs=[-0.5] * 5, versions=[0] * 5,
+        finish_reason="done", advantage=0.25, turn_spans=[(0, 2), (3, 4)],
+        token_advantages=[0.25, 0.25, 0.0, -1.5, 0.0],
+    )  # fmt: skip
+    record = json.loads(json.dumps(traj.to_json()))  # as written to trajectories/step_N.jsonl
+    fields = token_fields(record, 1)["tokens"]["fields"]
+    assert fields["advantage"] == [0.25, 0.25, None, -1.5, None]

@@ -54,6 +54,16 @@ def test_group_size_one_is_refused_unless_nothing_trains():
     )
 
 
+def test_turn_credit_is_refused_for_an_estimator_without_a_per_turn_form():
+    cfg = load_config(None, ["env.type=guess_number", "algo.credit=turn"])
+    check_can_learn(cfg)  # grpo has one
+    # An estimator added to algo.advantage later (model_copy skips validation, as a
+    # merged Literal would) is refused at start, not at the first step.
+    other = cfg.model_copy(update={"algo": cfg.algo.model_copy(update={"advantage": "new"})})
+    with pytest.raises(ConfigError, match=r"no per-turn form of algo\.advantage = 'new'"):
+        check_can_learn(other)
+
+
 def test_an_async_resume_says_what_it_does_not_keep():
     run = RunDir(Path("runs/x"), resume_from=Path("runs/x/checkpoints/step_4"))
     sync = resume_message(run, 4, load_config(None, []))

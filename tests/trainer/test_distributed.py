@@ -279,3 +279,33 @@ def test_packed_step_on_two_ranks_matches_one_process():
         torch.testing.assert_close(
             torch.tensor(b.trainer_logprobs), torch.tensor(a.trainer_logprobs), **SAME_MATH
         )
+
+
+@pytest.mark.slow
+def test_per_token_advantages_on_two_ranks_match_one_process():
+    """Turn-level credit's `token_advantages` travel with the trajectories to the ranks:
+    the two-rank update and metrics equal one process's, and the loss is not the one
+    of broadcasting `advantage`."""
+
+    def batch(per_token: bool) -> list[Trajectory]:
+        out = _batch(6, n=8)
+        for i, t in enumerate(out):
+            if per_token:
+                t.token_advantages = [((i + k) % 3 - 1) * 0.7 for k in range(len(t.response_ids))]
+        return out
+
+    plain = _plain()
+    plain_stats = plain.train_step(batch(True))
+    broadcast_stats = _plain().train_step(batch(False))
+    dist = DistributedTrainer(
+        load_model("tiny"), "tiny", CFG.model_copy(update={"world_size": 2}), AlgoConfig(),
+        TOTAL_STEPS, 0,
+    )  # fmt: skip
+    try:
+        dist_stats = dist.train_step(batch(True))
+    finally:
+        dist.close()
+    assert _max_diff(_weights(plain.model), _weights(dist.model)) < TOL
+    for key, value in plain_stats.items():
+        assert dist_stats[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    assert abs(broadcast_stats["loss"] - plain_stats["loss"]) > 1e-3

@@ -207,3 +207,41 @@ def test_collate_packed_refuses_images():
     t.images = [[0, "ab" * 32]]
     with pytest.raises(ValueError, match="images are not packed"):
         collate_packed([t], [0], pad_id=0)
+
+
+def _with_turn_advantages(trajs, seed=1):
+    """Per-token advantages: one value per run of policy tokens (a turn), 0 elsewhere."""
+    rng = random.Random(seed)
+    for t in trajs:
+        values, current, prev = [], 0.0, 0
+        for m in t.loss_mask:
+            if m and not prev:
+                current = rng.uniform(-2, 2)
+            values.append(current if m else 0.0)
+            prev = m
+        t.token_advantages = values
+    return trajs
+
+
+def test_per_token_advantages_train_the_same_packed_and_unpacked():
+    algo = AlgoConfig(loss_agg="token-mean")
+    base = _with_turn_advantages(_batch())
+    cfg = TrainerConfig(micro_batch_tokens=48)
+    loss_p, grads_p, _, _ = _loss_grads(
+        copy.deepcopy(base), cfg.model_copy(update={"packing": True}), algo
+    )
+    loss_u, grads_u, _, _ = _loss_grads(copy.deepcopy(base), cfg, algo)
+    assert loss_p == pytest.approx(loss_u, rel=1e-5, abs=1e-7)
+    for name, g in grads_u.items():
+        rel = float((grads_p[name] - g).norm() / g.norm().clamp(min=1e-12))
+        assert rel < 1e-5, (name, rel)
+    # The per-token values are what trained: broadcasting `advantage` gives another loss.
+    broadcast = copy.deepcopy(base)
+    for t in broadcast:
+        t.token_advantages = None
+    loss_b, _, _, _ = _loss_grads(broadcast, cfg, algo)
+    assert abs(loss_b - loss_u) > 1e-3 * max(abs(loss_u), 1e-3)
+    packed = collate_packed(base, list(range(len(base))), pad_id=0)
+    for b, t in enumerate(base):
+        row = packed.advantages[b, : len(t.response_ids)]
+        assert row.tolist() == pytest.approx(t.token_advantages)

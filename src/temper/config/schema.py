@@ -162,7 +162,7 @@ class EnvConfig(_Section):
         "none",
         min_length=1,
         description='"none": single-turn prompts from `data`, scored by `reward`. Otherwise a '
-        "multi-turn env: a built-in (tool_use, code, guess_number, wordle, gym, visual_grid, miniwob) or "
+        "multi-turn env: a built-in (tool_use, code, guess_number, wordle, arithmetic_chain, gym, visual_grid, miniwob) or "
         '"module:function" / "file.py:function" returning a temper.envs.registry.EnvSpec.',
     )
     options: dict[str, Any] = Field(
@@ -382,6 +382,24 @@ class AlgoConfig(_Section):
     )
     is_cap: float = Field(2.0, gt=0, description="tis truncation / mis upper bound C.")
     is_low: float = Field(0.0, ge=0, description="mis lower bound (ratios below are masked).")
+    credit: Literal["outcome", "turn"] = Field(
+        "outcome",
+        description="Multi-turn credit assignment: outcome (every token gets the episode's "
+        "advantage) or turn (each turn's tokens get the advantage of its discounted return "
+        "from that turn on, against the group's at the same turn index; env runs only).",
+    )
+    turn_discount: float = Field(
+        1.0, ge=0, le=1, description="credit = turn: discount gamma from one turn to the next."
+    )
+
+    @model_validator(mode="after")
+    def _discount_needs_turn_credit(self) -> AlgoConfig:
+        if self.turn_discount != 1.0 and self.credit != "turn":
+            raise ValueError(
+                f"algo.turn_discount = {self.turn_discount} applies only with algo.credit = "
+                "'turn' (outcome credit has no turns to discount)"
+            )
+        return self
 
     @model_validator(mode="after")
     def _is_band(self) -> AlgoConfig:
@@ -557,4 +575,9 @@ class Config(_Section):
     @model_validator(mode="after")
     def _modes_fit(self) -> Config:
         check_self_improve(self)
+        if self.algo.credit == "turn" and not self.env.enabled:
+            raise ValueError(
+                "algo.credit = 'turn' needs a multi-turn env (env.type); single-turn runs "
+                "have one turn: use algo.credit = 'outcome'"
+            )
         return self

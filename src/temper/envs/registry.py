@@ -35,6 +35,7 @@ BUILTIN_ENVS: dict[str, str] = {
     "gym": "temper.envs.gym_adapter:spec",
     "miniwob": "temper.envs.browser_env:spec",
     "visual_grid": "temper.envs.visual_grid:visual_grid_spec",
+    "arithmetic_chain": "temper.envs.chain:chain_spec",
 }
 
 

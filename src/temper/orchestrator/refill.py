@@ -29,6 +29,12 @@ from dataclasses import dataclass, field
 import torch
 
 from temper.algos import compute_advantages
+from temper.algos.turn_credit import (
+    episode_turn_rewards,
+    token_advantages,
+    turn_advantages,
+    turn_returns,
+)
 from temper.data.sampler import TaskSampler
 from temper.engine.base import SamplingParams
 from temper.rollout.sources import Groups, RolloutSource
@@ -51,13 +57,19 @@ def is_informative(group: list[Trajectory]) -> bool:
 
 
 def assign_advantages(
-    groups: list[list[Trajectory]], estimator: str, drop_zero_variance: bool
+    groups: list[list[Trajectory]],
+    estimator: str,
+    drop_zero_variance: bool,
+    credit: str = "outcome",
+    turn_discount: float = 1.0,
 ) -> tuple[list[Trajectory], int]:
     """Set `advantage` on each trajectory; returns (kept trajectories, dropped groups).
 
     Groups are computed per group size (all groups here share one size).
     Trajectories whose reward is NaN (scoring failed with on_error="drop") are
-    removed from their group first.
+    removed from their group first. ``credit = "turn"`` also sets
+    `token_advantages` (see `assign_turn_advantages`); "outcome" clears them.
+    Which groups are dropped depends on the episodes' rewards either way.
     """
     kept: list[Trajectory] = []
     dropped = 0
@@ -78,8 +90,28 @@ def assign_advantages(
         for gi, g in enumerate(gs):
             for ti, t in enumerate(g):
                 t.advantage = float(adv[gi, ti])
+                t.token_advantages = None
                 kept.append(t)
+    if credit == "turn":
+        assign_turn_advantages(good, estimator, turn_discount)
     return kept, dropped
+
+
+def assign_turn_advantages(groups: list[list[Trajectory]], estimator: str, gamma: float) -> None:
+    """Turn-level credit (`temper.algos.turn_credit`): each turn's tokens get the advantage
+    of its discounted return against the group's returns at the same turn index;
+    `advantage` becomes turn 0's (for logs)."""
+    returns = [
+        [
+            turn_returns(episode_turn_rewards(t.turn_rewards, len(t.turn_spans), t.reward), gamma)
+            for t in g
+        ]
+        for g in groups
+    ]
+    for g, advs in zip(groups, turn_advantages(returns, estimator), strict=True):
+        for t, a in zip(g, advs, strict=True):
+            t.token_advantages = token_advantages(a, t.turn_spans, len(t.response_ids))
+            t.advantage = a[0]
 
 
 @dataclass

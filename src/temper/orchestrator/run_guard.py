@@ -1,7 +1,8 @@
 """What keeps a run from training nothing in silence, or from losing work.
 
 - `check_can_learn`: refuse at start a config that cannot produce a single
-  update (a group-baseline advantage with groups of one).
+  update (a group-baseline advantage with groups of one), or an advantage
+  estimator turn-level credit has no per-turn form of.
 - `check_reward_functions`: call-check every TRL-style reward function's
   signature against the dataset's columns at start, before any eval.
 - `RewardErrorReport`: print each kind of reward error once, with its sample,
@@ -22,6 +23,7 @@ import sys
 from collections import Counter
 from typing import Any
 
+from temper.algos.turn_credit import TURN_ESTIMATORS
 from temper.config import Config
 from temper.data.base import Task
 from temper.errors import ConfigError
@@ -39,6 +41,11 @@ def check_can_learn(cfg: Config) -> None:
             f"orchestrator.group_size = {o.group_size} cannot learn: algo.advantage = "
             f"{cfg.algo.advantage!r} compares each sample with the others of its group, so "
             "every group of one is dropped and the policy never updates; use group_size >= 2"
+        )
+    if cfg.algo.credit == "turn" and cfg.algo.advantage not in TURN_ESTIMATORS:
+        raise ConfigError(
+            f"algo.credit = 'turn' has no per-turn form of algo.advantage = "
+            f"{cfg.algo.advantage!r}; use one of {', '.join(TURN_ESTIMATORS)}"
         )
 
 

@@ -250,7 +250,11 @@ class SyncOrchestrator:
             elif self.backend.abilities.release_memory and cfg.engine.release_memory_during_train:
                 self.backend.release_memory()
         kept, dropped = assign_advantages(
-            groups, cfg.algo.advantage, cfg.orchestrator.drop_zero_variance_groups
+            groups,
+            cfg.algo.advantage,
+            cfg.orchestrator.drop_zero_variance_groups,
+            cfg.algo.credit,
+            cfg.algo.turn_discount,
         )
         train = bool(kept) and mode != "rollout_only"
         snapshot = None

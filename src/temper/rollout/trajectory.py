@@ -16,6 +16,10 @@ none), `messages` the conversation as chat messages (for logs and judges),
 seed and task the env was reset with (what `temper replay` needs). `images`
 names the images the sequence shows, by content hash and token offset. Single-turn trajectories keep the
 defaults (one turn, nothing else). `answer` is the task's reference answer, when it has one.
+
+`advantage` is the one advantage the loss puts on every policy token (outcome
+credit); with turn-level credit (`algo.credit = "turn"`) `token_advantages`
+holds one per response token instead and `advantage` keeps turn 0's value, for logs.
 """
 
 from __future__ import annotations
@@ -60,6 +64,9 @@ class Trajectory:
     #: at ``offset`` in ``prompt_ids + response_ids``. The pixels live in the run's
     #: image store under the hash (`temper.vision.ImageStore`), once per run.
     images: list[list[Any]] = field(default_factory=list)
+    #: One advantage per response token (turn-level credit, `temper.algos.turn_credit`),
+    #: or None: every token has `advantage` (outcome credit).
+    token_advantages: list[float] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.response_ids)
@@ -68,6 +75,11 @@ class Trajectory:
                 f"trajectory {self.task_id}: response_ids, loss_mask, behaviour_logprobs and "
                 f"versions must have equal length, got {n}, {len(self.loss_mask)}, "
                 f"{len(self.behaviour_logprobs)}, {len(self.versions)}"
+            )
+        if self.token_advantages is not None and len(self.token_advantages) != n:
+            raise ValueError(
+                f"trajectory {self.task_id}: {len(self.token_advantages)} token_advantages "
+                f"for {n} response tokens"
             )
 
     @property
@@ -81,6 +93,11 @@ class Trajectory:
     @property
     def truncated(self) -> bool:
         return self.finish_reason == "length"
+
+    def advantage_row(self) -> list[float] | float:
+        """What the trainer puts on the response tokens: `token_advantages`, or the
+        one `advantage` (broadcast) when there are none."""
+        return self.advantage if self.token_advantages is None else self.token_advantages
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -167,7 +167,7 @@ def collate(
     for row, t in enumerate(seqs):
         r = len(t.response_ids)
         loss_mask[row, :r] = torch.tensor(t.loss_mask, dtype=torch.float32)
-        advantages[row, :r] = t.advantage
+        advantages[row, :r] = torch.tensor(t.advantage_row())
         behaviour[row, :r] = torch.tensor(t.behaviour_logprobs, dtype=torch.float32)
     return MicroBatch(
         prompt_ids=prompt_ids,

@@ -294,7 +294,7 @@ def collate_packed(
         flat_index += [where[q] for q in needed[b]]
         response_ids[b, :r] = torch.tensor(t.response_ids, dtype=torch.long)
         loss_mask[b, :r] = torch.tensor(t.loss_mask, dtype=torch.float32)
-        advantages[b, :r] = t.advantage
+        advantages[b, :r] = torch.tensor(t.advantage_row())
         behaviour[b, :r] = torch.tensor(t.behaviour_logprobs, dtype=torch.float32)
     q_len = [b - a for a, b in itertools.pairwise(cu_q)]
     k_len = [b - a for a, b in itertools.pairwise(cu_k)]

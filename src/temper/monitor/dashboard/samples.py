@@ -6,9 +6,9 @@ text for single-turn samples) with parsed tool calls and per-turn rewards,
 and its response tokens with per-token fields for the heat map.
 
 Per-token fields: `behaviour_logprob` (the engine's logprob, policy tokens
-only), `advantage` (a per-token `advantages` list when a record has one,
-else the sample's scalar advantage on every policy token, which is what the
-loss uses), `version` and `staleness`. When a record carries
+only), `advantage` (the record's `token_advantages`, one per token, when it
+has them (turn-level credit), else the sample's scalar advantage on every
+policy token: what the loss uses), `version` and `staleness`. When a record carries
 `trainer_logprobs` (the trainer's recomputed logprob per response token) the
 view also has `trainer_logprob` and `mismatch` = trainer − behaviour logprob,
 the per-token train/inference mismatch. Today's trajectories do not record
@@ -167,10 +167,10 @@ def token_fields(
     mask = _padded(record.get("loss_mask"), n, 0)
     behaviour = _padded(record.get("behaviour_logprobs"), n, None)
     versions = _padded(record.get("versions"), n, -1)
-    per_token_adv = record.get("advantages")
+    per_token_adv = record.get("token_advantages")
     scalar_adv = _finite(record.get("advantage"))
     if isinstance(per_token_adv, list) and len(per_token_adv) == n:
-        advantage = [_finite(a) for a in per_token_adv]
+        advantage = [_finite(a) if m else None for a, m in zip(per_token_adv, mask, strict=True)]
     else:
         advantage = [scalar_adv if m else None for m in mask]
     # The sync loop trains step s on version s-1 tokens: staleness = (s-1) - version.
