@@ -25,7 +25,6 @@ turn / outcome.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import statistics
@@ -35,8 +34,7 @@ import time
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from temper.config import config_from_dict
-from temper.orchestrator.sync import SyncOrchestrator
+import temper
 
 
 def make_config(args: argparse.Namespace, out: str, credit: str, seed: int) -> dict:
@@ -67,19 +65,11 @@ def make_config(args: argparse.Namespace, out: str, credit: str, seed: int) -> d
 
 def run_one(args: argparse.Namespace, credit: str, seed: int) -> dict:
     with tempfile.TemporaryDirectory() as out:
-        orch = SyncOrchestrator(config_from_dict(make_config(args, out, credit, seed)))
-
-        async def go() -> None:
-            try:
-                await orch.run()
-            finally:
-                await orch.close()
-
         start = time.perf_counter()
-        asyncio.run(go())
+        run_dir = temper.train(make_config(args, out, credit, seed)).run_dir
         seconds = time.perf_counter() - start
-        metrics = [json.loads(x) for x in orch.run_dir.metrics.read_text().splitlines()]
-        final = json.loads((orch.run_dir.eval_dir / f"step_{args.steps:06d}.json").read_text())
+        metrics = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+        final = json.loads((run_dir / "eval" / f"step_{args.steps:06d}.json").read_text())
     per_step = args.prompts * args.group * args.length
     result = {
         "right_rate": [round(m["env/right"] / per_step, 4) for m in metrics],

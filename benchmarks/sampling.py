@@ -22,7 +22,6 @@ Prints one JSON line.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import statistics
@@ -33,8 +32,7 @@ from pathlib import Path
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from temper.config import config_from_dict
-from temper.orchestrator.sync import SyncOrchestrator
+import temper
 
 
 def make_config(args: argparse.Namespace, out: str, sampler: str, seed: int) -> dict:
@@ -58,18 +56,10 @@ def make_config(args: argparse.Namespace, out: str, sampler: str, seed: int) -> 
 def run_one(args: argparse.Namespace, sampler: str, seed: int) -> dict:
     """(step -> cumulative training tokens, step -> held-out greedy accuracy)."""
     with tempfile.TemporaryDirectory() as out:
-        orch = SyncOrchestrator(config_from_dict(make_config(args, out, sampler, seed)))
-
-        async def go() -> None:
-            try:
-                await orch.run()
-            finally:
-                await orch.close()
-
         start = time.perf_counter()
-        asyncio.run(go())
+        run_dir = temper.train(make_config(args, out, sampler, seed)).run_dir
         seconds = time.perf_counter() - start
-        rows = [json.loads(x) for x in orch.run_dir.metrics.read_text().splitlines()]
+        rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
         evals = {}
         for path in sorted((Path(out) / f"{sampler}_{seed}" / "eval").glob("step_*.json")):
             evals[int(path.stem.split("_")[1])] = json.loads(path.read_text())["accuracy"]

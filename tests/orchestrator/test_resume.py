@@ -2,14 +2,9 @@
 uninterrupted run with the same seed (trained with sequence packing on)."""
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
+from tests.orchestrator.kill_resume import full_then_killed_and_resumed, step_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +31,6 @@ TARGETED = [
     "--data.levels=[1,2,3,4]",
     "--orchestrator.drop_zero_variance_groups=true",
     "--orchestrator.refill=true",
-    "--trainer.packing=true",
 ]
 # Timings differ between runs; everything else must match, up to float rounding, which
 # can differ between two processes (seen at 1e-7 relative in entropy and grad norm once
@@ -46,55 +40,14 @@ VOLATILE = ("time_", "gen_tokens_per_s", "peak_rss")
 NOISE = ("is_", "train_infer_logprob_diff")
 
 
-def _cmd(out: Path, name: str, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "temper.cli.main",
-        "train",
-        *ARGS,
-        f"--run.output_dir={out}",
-        f"--run.name={name}",
-        *extra,
-    ]
-
-
-def _metrics(path: Path) -> dict[int, dict]:
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    return {r["step"]: {k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows}
-
-
-@pytest.mark.parametrize("sampling", [[], TARGETED], ids=["uniform", "targeted_refill_packed"])
+@pytest.mark.parametrize("sampling", [[], TARGETED], ids=["uniform", "targeted_refill"])
 def test_sigkill_and_resume_matches_uninterrupted(tmp_path, sampling):
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    subprocess.run(_cmd(tmp_path, "full", *sampling), check=True, env=env, capture_output=True)
+    full_then_killed_and_resumed(ARGS, tmp_path, *sampling)
 
-    proc = subprocess.Popen(
-        _cmd(tmp_path, "killed", *sampling),
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    marker = tmp_path / "killed" / "checkpoints" / "step_2" / "state.json"
-    deadline = time.time() + 240
-    while not marker.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    assert marker.exists(), "the run never wrote its step-2 checkpoint"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-
-    resumed = subprocess.run(
-        _cmd(tmp_path, "killed", *sampling, "--run.resume=true"),
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-
-    full = _metrics(tmp_path / "full" / "metrics.jsonl")
-    again = _metrics(tmp_path / "killed" / "metrics.jsonl")
+    full = step_metrics(tmp_path / "full" / "metrics.jsonl", VOLATILE)
+    again = step_metrics(tmp_path / "killed" / "metrics.jsonl", VOLATILE)
     assert sorted(again) == [1, 2, 3, 4]
-    if sampling:  # the targeted sampler and refill ran (compared below), packed
+    if sampling:  # the targeted sampler and refill ran (their metrics are compared below)
         assert "sampler/pass_rate/level4" in full[3] and "refill/extra_prompts" in full[3]
     for step in (3, 4):
         assert again[step].keys() == full[step].keys()

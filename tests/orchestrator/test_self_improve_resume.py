@@ -3,14 +3,9 @@ uninterrupted runs with the same seed: the SFT data position, the RFT round (the
 the task sampler and the RNG all come back from the checkpoint."""
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
+from tests.orchestrator.kill_resume import full_then_killed_and_resumed, step_metrics
 
 pytestmark = pytest.mark.slow
 
@@ -38,52 +33,13 @@ MODES = {
 VOLATILE = ("time_", "train_tokens_per_s", "peak_rss")
 
 
-def _cmd(out: Path, name: str, *extra: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "temper.cli.main",
-        "train",
-        *ARGS,
-        f"--run.output_dir={out}",
-        f"--run.name={name}",
-        *extra,
-    ]
-
-
-def _metrics(path: Path) -> dict[int, dict]:
-    rows = [json.loads(line) for line in path.read_text().splitlines()]
-    return {r["step"]: {k: v for k, v in r.items() if not k.startswith(VOLATILE)} for r in rows}
-
-
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_sigkill_and_resume_matches_uninterrupted(tmp_path, mode):
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     extra = MODES[mode]
-    subprocess.run(_cmd(tmp_path, "full", *extra), check=True, env=env, capture_output=True)
-    proc = subprocess.Popen(
-        _cmd(tmp_path, "killed", *extra),
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    marker = tmp_path / "killed" / "checkpoints" / "step_2" / "state.json"
-    deadline = time.time() + 240
-    while not marker.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    assert marker.exists(), "the run never wrote its step-2 checkpoint"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    resumed = subprocess.run(
-        _cmd(tmp_path, "killed", *extra, "--run.resume=true"),
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    full_then_killed_and_resumed(ARGS, tmp_path, *extra)
 
-    full = _metrics(tmp_path / "full" / "metrics.jsonl")
-    again = _metrics(tmp_path / "killed" / "metrics.jsonl")
+    full = step_metrics(tmp_path / "full" / "metrics.jsonl", VOLATILE)
+    again = step_metrics(tmp_path / "killed" / "metrics.jsonl", VOLATILE)
     assert sorted(again) == [1, 2, 3]
     key = "nll_per_token" if mode == "sft" else "rft/kept_frac"
     assert key in full[3]
