@@ -93,7 +93,12 @@ def mean_curve(runs: list[dict]) -> dict:
 
 
 def ratio(uniform: dict, targeted: dict) -> float | None:
-    final = max(uniform["accuracy"])
+    """Targeted's tokens to reach uniform's final accuracy over uniform's tokens; None
+    when targeted never gets there, or when uniform did not improve on its start (then
+    there is no level to reach, and a 0-token "saving" would be meaningless)."""
+    final, start = max(uniform["accuracy"]), min(uniform["accuracy"])
+    if uniform["accuracy"][final] <= uniform["accuracy"][start]:
+        return None
     reached = tokens_to_reach(targeted, uniform["accuracy"][final])
     return None if reached is None else round(reached / uniform["tokens"][final], 3)
 
