@@ -3,10 +3,10 @@ unpacked one (loss, gradients, trainer logprobs) on the trainer's own code."""
 
 import copy
 import random
-from collections import defaultdict
 
 import pytest
 import torch
+from tests.trainer.loss_grads import summed_loss_and_grads
 
 from fp32 import SAME_MATH
 from temper.config.schema import AlgoConfig, TrainerConfig
@@ -70,15 +70,7 @@ def _fed(trajs, rows):
 def _loss_grads(trajs, cfg, algo):
     """The trainer's summed micro-batch losses and the gradients, before any optimizer step."""
     trainer = PolicyTrainer(load_model("tiny"), cfg, algo, 1, pad_id=0)
-    totals = (float(sum(t.num_policy_tokens for t in trajs)), float(len(trajs)))
-    acc, loss, kinds = defaultdict(float), 0.0, set()
-    plan = trainer._plan(trajs)
-    for rows in plan:
-        kinds.add(type(trainer._collate(trajs, rows)))
-        part = trainer._micro_batch_loss(trajs, rows, None, None, totals, acc)
-        part.backward()
-        loss += float(part.detach())
-    grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
+    loss, grads, kinds, plan = summed_loss_and_grads(trainer, trajs)
     return loss, grads, kinds, len(plan)
 
 

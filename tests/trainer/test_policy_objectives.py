@@ -4,10 +4,10 @@ objective runs with every off-policy correction, and REINFORCE++'s KL-in-reward.
 import copy
 import math
 import random
-from collections import defaultdict
 
 import pytest
 import torch
+from tests.trainer.loss_grads import summed_loss_and_grads
 
 from fp32 import SAME_MATH
 from temper.config.schema import AlgoConfig, TrainerConfig
@@ -82,20 +82,13 @@ def _trainer(cfg, algo):
 def _loss_grads(trajs, cfg, algo):
     """Summed micro-batch losses, gradients and stats before any optimizer step."""
     trainer = _trainer(cfg, algo)
-    totals = (float(sum(t.num_policy_tokens for t in trajs)), float(len(trajs)))
     rows = list(range(len(trajs)))
-    token_adv = old = ref = None
+    token_adv = old = None
     if algo.advantage == "reinforce_pp":
         old = trainer._logprobs_no_grad(trainer.model, trajs)
         ref = trainer._logprobs_no_grad(trainer.ref_model, trajs)
         token_adv, _ = trainer._reinforce_pp_advantages(trajs, rows, old, ref)
-    acc, loss = defaultdict(float), 0.0
-    plan = trainer._plan(trajs)
-    for mb_rows in plan:
-        part = trainer._micro_batch_loss(trajs, mb_rows, old, None, totals, acc, token_adv)
-        part.backward()
-        loss += float(part.detach())
-    grads = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
+    loss, grads, _, plan = summed_loss_and_grads(trainer, trajs, old, token_adv)
     return loss, grads, len(plan), token_adv
 
 

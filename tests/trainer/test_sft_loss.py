@@ -3,10 +3,10 @@ and the packed path gives the unpacked one's loss and gradients."""
 
 import copy
 import math
-from collections import defaultdict
 
 import pytest
 import torch
+from tests.trainer.loss_grads import summed_loss_and_grads
 
 from fp32 import SAME_MATH
 from temper.config.schema import AlgoConfig, TrainerConfig
@@ -68,29 +68,17 @@ def test_sft_loss_is_the_hand_computed_nll_of_the_assistant_tokens():
     assert "entropy" not in stats and "clip_frac_low" not in stats  # no RL objective ran
 
 
-def _loss_and_grads(trajs, trainer):
-    totals = (float(sum(t.num_policy_tokens for t in trajs)), float(len(trajs)))
-    acc, loss, kinds = defaultdict(float), 0.0, set()
-    plan = trainer._plan(trajs)
-    for rows in plan:
-        kinds.add(type(trainer._collate(trajs, rows)))
-        part = trainer._micro_batch_loss(trajs, rows, None, None, totals, acc)
-        part.backward()
-        loss += float(part.detach())
-    return loss, {n: p.grad.clone() for n, p in trainer.model.named_parameters()}, kinds, plan
-
-
 def test_packed_sft_equals_unpacked_within_fp32_tolerance():
     tok = load_tokenizer("tiny")
     renderer = ConversationRenderer(tok)
     convs = [TWO_TURNS, *arithmetic_conversations(6, seed=4)]
     base = [renderer.render(c) for c in convs]
     budget = 96  # several packed rows, several padded micro-batches
-    loss_p, grads_p, kinds_p, plan_p = _loss_and_grads(
-        copy.deepcopy(base), _sft_trainer(micro_batch_tokens=budget, packing=True)
+    loss_p, grads_p, kinds_p, plan_p = summed_loss_and_grads(
+        _sft_trainer(micro_batch_tokens=budget, packing=True), copy.deepcopy(base)
     )
-    loss_u, grads_u, kinds_u, _ = _loss_and_grads(
-        copy.deepcopy(base), _sft_trainer(micro_batch_tokens=budget)
+    loss_u, grads_u, kinds_u, _ = summed_loss_and_grads(
+        _sft_trainer(micro_batch_tokens=budget), copy.deepcopy(base)
     )
     assert kinds_p == {PackedMicroBatch} and kinds_u == {MicroBatch} and len(plan_p) > 1
     assert loss_p == pytest.approx(loss_u, rel=SAME_MATH["rtol"], abs=SAME_MATH["atol"])
