@@ -18,7 +18,7 @@ from typing import Literal, get_args
 import torch
 
 AdvantageName = Literal[
-    "grpo", "grpo_no_std", "dr_grpo", "rloo", "reinforce_pp_baseline", "reinforce_pp"
+    "grpo", "grpo_no_std", "dr_grpo", "rloo", "reinforce_pp_baseline", "reinforce_pp", "gae"
 ]
 
 
@@ -109,7 +109,9 @@ def compute_advantages(name: AdvantageName, rewards: torch.Tensor) -> torch.Tens
     `"reinforce_pp_baseline"`; `"reinforce_pp"`: the rewards themselves, unchanged (full
     REINFORCE++ has no group baseline: its per-token advantages come from these outcome
     rewards, the per-token KL and a batch normalisation, which the trainer computes with
-    `reinforce_pp_token_returns` and `normalise_over_batch`, where the logprobs are).
+    `reinforce_pp_token_returns` and `normalise_over_batch`, where the logprobs are);
+    `"gae"`: the rewards too (PPO with a critic: the trainer computes GAE against the
+    value function, `temper.trainer.critic`).
     """
     if name == "grpo":
         return grpo_advantages(rewards)
@@ -121,7 +123,7 @@ def compute_advantages(name: AdvantageName, rewards: torch.Tensor) -> torch.Tens
         return rloo_advantages(rewards)
     if name == "reinforce_pp_baseline":
         return reinforce_pp_baseline_advantages(rewards)
-    if name == "reinforce_pp":
+    if name in ("reinforce_pp", "gae"):
         return _as_groups(rewards).clone()
     raise ValueError(
         f"unknown advantage estimator {name!r}; expected one of {get_args(AdvantageName)}"

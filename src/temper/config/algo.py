@@ -12,14 +12,15 @@ class AlgoConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     advantage: Literal[
-        "grpo", "grpo_no_std", "dr_grpo", "rloo", "reinforce_pp_baseline", "reinforce_pp"
+        "grpo", "grpo_no_std", "dr_grpo", "rloo", "reinforce_pp_baseline", "reinforce_pp", "gae"
     ] = Field(
         "grpo",
         description="Advantage estimator over each prompt's group: grpo (reward minus group "
         "mean, over group std), grpo_no_std / dr_grpo (minus the mean only), rloo (minus the "
         "mean of the others), reinforce_pp_baseline (group mean baseline, batch-normalised), "
         "reinforce_pp (full REINFORCE++: per-token returns with reward_kl_coef * KL in the "
-        "reward, normalised over the batch; docs/algorithms.md).",
+        "reward, normalised over the batch; docs/algorithms.md), gae (PPO with a learned "
+        "value: GAE against the [critic] section's value function).",
     )
     policy_loss: Literal["ppo", "gspo", "cispo"] = Field(
         "ppo",
@@ -84,6 +85,25 @@ class AlgoConfig(BaseModel):
     turn_discount: float = Field(
         1.0, ge=0, le=1, description="credit = turn: discount gamma from one turn to the next."
     )
+    gae_gamma: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="advantage = gae, credit = outcome: discount per token (credit = turn "
+        "discounts per turn with turn_discount).",
+    )
+    gae_lambda: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="advantage = gae: GAE's lambda (1 = Monte-Carlo return minus the value; "
+        "lower leans on the critic's own estimates).",
+    )
+    gae_whiten: bool = Field(
+        True,
+        description="advantage = gae: normalise advantages to mean 0, std 1 over the step's "
+        "policy tokens.",
+    )
 
     @model_validator(mode="after")
     def _discount_needs_turn_credit(self) -> AlgoConfig:
@@ -91,6 +111,26 @@ class AlgoConfig(BaseModel):
             raise ValueError(
                 f"algo.turn_discount = {self.turn_discount} applies only with algo.credit = "
                 "'turn' (outcome credit has no turns to discount)"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _gae_fields_need_gae(self) -> AlgoConfig:
+        # Changed from its default, not merely set: a dumped config holds every field.
+        gae_set = {
+            name
+            for name in ("gae_gamma", "gae_lambda", "gae_whiten")
+            if getattr(self, name) != type(self).model_fields[name].default
+        }
+        if gae_set and self.advantage != "gae":
+            raise ValueError(
+                f"algo.{sorted(gae_set)[0]} applies only with algo.advantage = 'gae' "
+                f"(not {self.advantage!r})"
+            )
+        if self.advantage == "gae" and self.credit == "turn" and self.gae_gamma != 1.0:
+            raise ValueError(
+                "algo.gae_gamma discounts per token (credit = 'outcome'); turn-level GAE "
+                "discounts per turn: set algo.turn_discount instead"
             )
         return self
 

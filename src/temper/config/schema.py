@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from temper.config.algo import AlgoConfig
+from temper.config.critic import CriticConfig, check_critic
 from temper.config.orchestrator import OrchestratorConfig
 from temper.config.sampler import SamplerConfig
 from temper.config.self_improve import RFTConfig, SFTConfig, check_self_improve
@@ -456,6 +457,7 @@ class Config(_Section):
     env: EnvConfig = Field(default_factory=EnvConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
+    critic: CriticConfig = Field(default_factory=CriticConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
@@ -468,6 +470,7 @@ class Config(_Section):
     @model_validator(mode="after")
     def _modes_fit(self) -> Config:
         check_self_improve(self)
+        check_critic(self)
         if self.algo.credit == "turn" and not self.env.enabled:
             raise ValueError(
                 "algo.credit = 'turn' needs a multi-turn env (env.type); single-turn runs "

@@ -39,7 +39,8 @@ reason and a non-zero exit code instead of "succeeding" while training nothing):
   a group got the same reward, or too few samples were left) for ``threshold``
   steps in a row, or in every step of a run shorter than that.
 - ``no_update``: no policy update for ``threshold`` steps in a row, or in any
-  step of a run shorter than that (not checked with mode = "rollout_only").
+  step of a run shorter than that (not checked with mode = "rollout_only"; a
+  PPO critic warm-up step, which trains the critic alone, counts as an update).
 
 It does not change the update itself; the orchestrator carries out actions.
 """
@@ -224,7 +225,9 @@ class HealthMonitor:
                        "group's samples got the same reward (or too few were scored), so there "
                        "is no learning signal")  # fmt: skip
             return out
-        updated = "loss" in m and not m.get("update_skipped")
+        # A critic warm-up step (PPO) trains the critic alone, on purpose.
+        trained = "loss" in m or m.get("critic_warmup", 0.0) > 0
+        updated = trained and not m.get("update_skipped")
         self._no_update_streak = 0 if updated else self._no_update_streak + 1
         if trains and self._streak_fires(self._no_update_streak, c.no_update, last):
             self._fire(out, step, "no_update", self._no_update_streak,

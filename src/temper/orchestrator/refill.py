@@ -67,17 +67,24 @@ def assign_advantages(
 
     Groups are computed per group size (all groups here share one size).
     Trajectories whose reward is NaN (scoring failed with on_error="drop") are
-    removed from their group first. ``credit = "turn"`` also sets
+    removed from their group first. With ``estimator = "gae"`` no group is dropped
+    for its size or for equal rewards (the critic is the baseline). ``credit = "turn"`` also sets
     `token_advantages` (see `assign_turn_advantages`); "outcome" clears them.
     Which groups are dropped depends on the episodes' rewards either way.
     """
     kept: list[Trajectory] = []
     dropped = 0
     good = []
+    # PPO's critic is the baseline (the trainer computes GAE): a group of one, or of
+    # equal rewards, still gets non-zero advantages.
+    group_baseline = estimator != "gae"
     for g in groups:
         # NaN reward: scoring failed with on_error="drop"; no tokens: the env failed at reset.
         g = usable(g)
-        if len(g) < 2 or (drop_zero_variance and not is_informative(g)):
+        if not g or (group_baseline and len(g) < 2):
+            dropped += 1
+            continue
+        if group_baseline and drop_zero_variance and not is_informative(g):
             dropped += 1
             continue
         good.append(g)
@@ -92,7 +99,7 @@ def assign_advantages(
                 t.advantage = float(adv[gi, ti])
                 t.token_advantages = None
                 kept.append(t)
-    if credit == "turn":
+    if credit == "turn" and estimator != "gae":  # gae: turn-level GAE, in the trainer
         assign_turn_advantages(good, estimator, turn_discount)
     return kept, dropped
 

@@ -36,13 +36,19 @@ def check_can_learn(cfg: Config) -> None:
     """Refuse a config that cannot update the policy once (ConfigError, before any work)."""
     o = cfg.orchestrator
     # sft/rft train on likelihood, not on comparisons within a group.
-    if o.mode != "rollout_only" and o.group_size < 2 and cfg.trainer.mode == "rl":
+    group_baseline = cfg.algo.advantage != "gae"  # gae: the critic is the baseline
+    if (
+        o.mode != "rollout_only"
+        and o.group_size < 2
+        and cfg.trainer.mode == "rl"
+        and group_baseline
+    ):
         raise ConfigError(
             f"orchestrator.group_size = {o.group_size} cannot learn: algo.advantage = "
             f"{cfg.algo.advantage!r} compares each sample with the others of its group, so "
             "every group of one is dropped and the policy never updates; use group_size >= 2"
         )
-    if cfg.algo.credit == "turn" and cfg.algo.advantage not in TURN_ESTIMATORS:
+    if cfg.algo.credit == "turn" and cfg.algo.advantage not in (*TURN_ESTIMATORS, "gae"):
         raise ConfigError(
             f"algo.credit = 'turn' has no per-turn form of algo.advantage = "
             f"{cfg.algo.advantage!r}; use one of {', '.join(TURN_ESTIMATORS)}"

@@ -304,6 +304,27 @@ def build_trainer(cfg: Any, model: torch.nn.Module, model_path: str, pad_id: int
     model.to(device)
     ref = load_model(ref_path, dtype=torch.float32).to(device) if ref_path else None
     pixels = pixel_source(vision, run_image_store(cfg)) if vision is not None else None
+    critic = _build_critic(cfg, model, device) if cfg.algo.advantage == "gae" else None
     return PolicyTrainer(
-        model, cfg.trainer, cfg.algo, steps, pad_id=pad_id, ref_model=ref, pixels=pixels
+        model,
+        cfg.trainer,
+        cfg.algo,
+        steps,
+        pad_id=pad_id,
+        ref_model=ref,
+        pixels=pixels,
+        critic=critic,
     )
+
+
+def _build_critic(cfg: Any, model: torch.nn.Module, device: torch.device) -> Any:
+    """PPO's critic (`temper.trainer.critic`): a value model loaded from
+    ``critic.model_path`` (default: the policy's starting weights), or a head."""
+    from temper.models import load_model
+    from temper.trainer.critic import Critic
+
+    value_model = None
+    if cfg.critic.kind == "model":
+        value_model = load_model(cfg.critic.model_path or cfg.model.path).to(device)
+    o, t = cfg.orchestrator, cfg.trainer
+    return Critic(cfg.critic, t, model, value_model, o.steps * t.ppo_epochs * t.mini_batches)

@@ -46,6 +46,7 @@ from temper.config.schema import AlgoConfig, TrainerConfig
 from temper.devices import trainer_precision
 from temper.rollout.trajectory import Trajectory
 from temper.trainer.batching import MicroBatch, PixelSource, collate, plan_micro_batches
+from temper.trainer.critic import Critic, critic_stats, gae_targets, whiten
 from temper.trainer.forward import response_logits
 from temper.trainer.objective import policy_objective, reinforce_pp_returns
 from temper.trainer.optim import build_optimizer
@@ -106,8 +107,11 @@ class PolicyTrainer:
         pad_id: int,
         ref_model: torch.nn.Module | None = None,
         pixels: PixelSource | None = None,
+        critic: Critic | None = None,
     ) -> None:
         self.model = model
+        #: PPO's value function (``algo.advantage = "gae"``), else None.
+        self.critic = critic
         #: Image inputs by hash, for trajectories that hold images (VLMs).
         self.pixels = pixels
         if cfg.freeze_vision_tower:
@@ -209,13 +213,35 @@ class PolicyTrainer:
             token_adv, rpp_stats = self._reinforce_pp_advantages(trajs, mine, old, ref)
             for name, value in rpp_stats.items():
                 sums[name], counts[name] = value, 1.0
-        for _epoch in range(self.cfg.ppo_epochs):
+        train_policy = True
+        if self.critic is not None:
+            train_policy = not self.critic.warming_up
+            token_adv, value_stats = self._critic_step(trajs, mine, chunks)
+            for name, (value, weight) in value_stats.items():
+                sums[name], counts[name] = value * weight, weight
+        for _epoch in range(self.cfg.ppo_epochs if train_policy else 0):
             for chunk in chunks:
                 stats = self._optimizer_step(trajs, chunk, old, ref, token_adv)
                 for name, (value, weight) in stats.items():
                     sums[name] += value * weight
                     counts[name] += weight
         return {name: sums[name] / max(counts[name], 1e-12) for name in sums}
+
+    def _critic_step(
+        self, trajs: list[Trajectory], rows: list[int], chunks: list[list[int]]
+    ) -> tuple[dict[int, torch.Tensor], dict[str, tuple[float, float]]]:
+        """PPO with a critic (`temper.trainer.critic`): values at the step's start, GAE
+        advantages and returns from them, then the critic's update. Returns the
+        advantages the policy trains with (whitened with ``algo.gae_whiten``) and stats."""
+        old_values = self.critic.values(self, trajs, rows)
+        advantages, returns, mask = gae_targets(self.algo, trajs, rows, old_values)
+        diagnostics = critic_stats(old_values, returns, advantages, mask, rows)
+        stats = {name: (value, 1.0) for name, value in diagnostics.items()}
+        stats["critic_warmup"] = (float(self.critic.warming_up), 1.0)
+        stats.update(self.critic.update(self, trajs, chunks, old_values, returns))
+        if self.algo.gae_whiten:
+            advantages = whiten(self, advantages, mask, rows)
+        return {i: a.to(self.device) for i, a in advantages.items()}, stats
 
     def _reinforce_pp_advantages(
         self,
@@ -409,11 +435,16 @@ class PolicyTrainer:
         self.load_state_dict(snapshot["trainer"])
 
     def state_dict(self) -> dict:
-        return {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        if self.critic is not None:
+            state["critic"] = self.critic.state_dict()
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        if self.critic is not None:
+            self.critic.load_state_dict(state.get("critic"))
 
 
 def _sft_stats(
