@@ -84,9 +84,9 @@ def _batch(seed=0, n=6):
     return out
 
 
-def _ppo(kind="model", warmup=0, packing=False, clip=0.2, lr=5e-3):
+def _ppo(kind="model", warmup=0, packing=False, clip=0.2, lr=5e-3, **algo_keys):
     cfg = TrainerConfig(lr=1e-3, warmup_steps=0, packing=packing, mini_batches=2, ppo_epochs=2)
-    algo = AlgoConfig(advantage="gae")
+    algo = AlgoConfig(advantage="gae", **algo_keys)
     critic_cfg = CriticConfig(kind=kind, warmup_steps=warmup, value_clip=clip, lr=lr)
     torch.manual_seed(0)
     model = load_model("tiny")
@@ -187,3 +187,12 @@ def test_a_checkpoint_of_another_kind_is_refused():
     state = _round_trip(_ppo("head").state_dict())
     with pytest.raises(ValueError, match=r"critic\.kind"):
         _ppo("model").load_state_dict(state)
+
+
+@pytest.mark.parametrize("policy_loss", ["gspo", "cispo"])
+def test_gae_advantages_drive_every_policy_objective(policy_loss):
+    trainer = _ppo(policy_loss=policy_loss, off_policy_correction="tis")
+    policy0 = _params(trainer.model)
+    m = trainer.train_step(_batch())
+    assert torch.isfinite(torch.tensor(m["loss"])) and m["grad_norm"] > 0
+    assert any(not torch.equal(policy0[n], p) for n, p in _params(trainer.model).items())
