@@ -4,6 +4,7 @@ metrics as an uninterrupted one (the critic's weights, optimizer and warm-up cou
 back from the checkpoint)."""
 
 import json
+from pathlib import Path
 
 import pytest
 from tests.orchestrator.kill_resume import full_then_killed_and_resumed, step_metrics
@@ -85,3 +86,16 @@ def test_sigkill_and_resume_matches_uninterrupted(tmp_path):
     assert again[3].keys() == full[3].keys() and "value_loss" in full[3]
     for name, value in full[3].items():
         assert again[3][name] == pytest.approx(value, rel=1e-5, abs=1e-9), name
+
+
+@pytest.mark.parametrize("kind", ["head", "model"])
+def test_ppo_on_the_vision_language_model(tmp_path, kind):
+    cfg = str(Path(__file__).parents[2] / "configs" / "vision_grpo.toml")
+    out = tmp_path / kind
+    args = ["train", cfg, f"--run.output_dir={out}", "--run.name=vlm", *BASE[1:]]
+    assert (
+        main([*args, "--algo.advantage=gae", f"--critic.kind={kind}", "--orchestrator.steps=1"])
+        == 0
+    )
+    row = json.loads((out / "vlm" / "metrics.jsonl").read_text().splitlines()[0])
+    assert all(k in row for k in (*CRITIC_KEYS, "loss")) and row["value_loss"] > 0
