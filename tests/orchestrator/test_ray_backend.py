@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import sys
@@ -23,6 +24,7 @@ from typing import Any
 import pytest
 import torch
 
+from temper.cli.main import main
 from temper.config import config_from_dict
 from temper.engine.base import SamplingParams
 from temper.errors import ConfigError
@@ -328,3 +330,18 @@ def test_ray_settings_default_before_the_schema_has_them():
             max_retries=0,
             placement="scatter",
         )
+
+
+def test_ppo_with_a_critic_trains_over_ray_actors(ray_cluster, tmp_path):
+    """The critic lives in the trainer: a `temper train` run with Ray rollout actors and
+    ``algo.advantage = "gae"`` trains policy and critic every step."""
+    args = ["train", f"--run.output_dir={tmp_path}", "--run.name=ppo-ray", "--run.threads=1",
+            "--orchestrator.backend=ray", "--orchestrator.rollout_workers=1",
+            "--orchestrator.steps=2", "--orchestrator.prompts_per_step=2",
+            "--orchestrator.group_size=2", "--orchestrator.max_response_tokens=12",
+            "--algo.advantage=gae", "--eval.every=0", "--eval.at_start=false",
+            "--eval.at_end=false", "--log.progress=false", "--checkpoint.at_end=false"]  # fmt: skip
+    assert main(args) == 0
+    rows = [json.loads(x) for x in (tmp_path / "ppo-ray" / "metrics.jsonl").open()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all("value_loss" in r and "loss" in r for r in rows)
