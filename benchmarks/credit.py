@@ -6,7 +6,9 @@ reward) twice per seed: ``algo.credit = "outcome"`` (every token of an episode
 gets the advantage of its total) and ``algo.credit = "turn"`` with
 ``algo.turn_discount = --gamma`` (each turn's tokens get the advantage of its
 own discounted return, against the group's at the same turn index). Everything
-else is the same: seed, tasks, GRPO, learning rate, steps. The questions are
+else is the same: seed, tasks, GRPO, learning rate, steps. With ``--advantage
+gae`` both arms are PPO with a critic instead: token-level GAE on the episode's
+reward (outcome) against turn-level GAE on the per-turn rewards (turn). The questions are
 independent, so under outcome credit each answer's advantage also carries the
 luck of the other answers of its episode.
 
@@ -38,7 +40,7 @@ import temper
 
 
 def make_config(args: argparse.Namespace, out: str, credit: str, seed: int) -> dict:
-    algo: dict = {"advantage": "grpo", "credit": credit}
+    algo: dict = {"advantage": args.advantage, "credit": credit}
     if credit == "turn":
         algo["turn_discount"] = args.gamma
     return {
@@ -102,6 +104,13 @@ def main() -> None:
     parser.add_argument("--group", type=int, default=6)
     parser.add_argument("--length", type=int, default=3, help="questions per episode")
     parser.add_argument("--gamma", type=float, default=0.0, help="turn_discount of the turn arm")
+    parser.add_argument(
+        "--advantage",
+        choices=["grpo", "gae"],
+        default="grpo",
+        help="grpo: group baselines (per turn index for the turn arm); gae: PPO with a critic, "
+        "token-level GAE (outcome arm) against turn-level GAE (turn arm)",
+    )
     parser.add_argument("--lr", type=float, default=2e-4)
     parser.add_argument("--eval-size", type=int, default=64)
     parser.add_argument("--eval-k", type=int, default=4)
