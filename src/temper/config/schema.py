@@ -376,6 +376,13 @@ class TrainerConfig(_Section):
         description="Trainer processes. 1 trains in the run's process; N > 1 spawns N "
         "FSDP2 ranks, each training on a shard of every mini-batch (docs/scaling.md).",
     )
+    tp: int = Field(
+        1,
+        ge=1,
+        description="Tensor-parallel degree within world_size (Megatron-style column/row "
+        "splits of every decoder layer); world_size / tp ranks shard data and parameters "
+        "with FSDP2 (docs/scaling.md).",
+    )
     backend: Literal["gloo", "nccl"] | None = Field(
         None,
         description="torch.distributed backend for world_size > 1; default gloo on CPU, "
@@ -387,6 +394,15 @@ class TrainerConfig(_Section):
         description="With world_size > 1: the longest one trainer command (a step, a "
         "checkpoint) may take before the run stops with an error.",
     )
+
+    @model_validator(mode="after")
+    def _tp_divides_world_size(self) -> TrainerConfig:
+        if self.world_size % self.tp:
+            raise ValueError(
+                f"trainer.world_size = {self.world_size} is not a multiple of trainer.tp = "
+                f"{self.tp} (world_size counts every rank: dp_shard x tp)"
+            )
+        return self
 
 
 class EvalConfig(_Section):

@@ -2,15 +2,17 @@
 
 `run_worker` is the body of each process that
 `temper.trainer.distributed.DistributedTrainer` spawns. It joins the process
-group, loads the model, wraps every decoder layer and then the root with
-``fully_shard`` (each rank keeps 1/N of every parameter, gradient and AdamW
-moment), and serves commands from the parent over a pipe: a training step, a
-DCP save or load, the scheduler state.
+group, loads the model, lays it out on the ``(dp_shard, tp)`` mesh
+(`temper.trainer.parallel`: tensor parallel over ``tp`` when ``trainer.tp > 1``,
+then ``fully_shard`` over ``dp_shard``, so each rank keeps 1/dp of every
+parameter, gradient and AdamW moment), and serves commands from the parent over
+a pipe: a training step, a DCP save or load, the scheduler state.
 
 `ShardedPolicyTrainer` is `PolicyTrainer` with its data-parallel seams filled
-in; the loss code is the same. Each rank trains on a contiguous slice of every
-mini-batch, but normalises its loss by the whole mini-batch's counts, and FSDP
-sums (not averages) the gradients, so the update equals the one-process update
+in; the loss code is the same. Each ``dp_shard`` coordinate trains on a
+contiguous slice of every mini-batch (its ``tp`` ranks on the same slice), but
+normalises its loss by the whole mini-batch's counts, and FSDP sums (not
+averages) the gradients, so the update equals the one-process update
 up to float rounding. FSDP's collectives need every rank to run the same
 forwards and backwards, so ranks with fewer micro-batches run empty ones
 (zero loss mask) and every micro-batch runs the two-call forward.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import datetime
+import logging
 import math
 import os
 import traceback
@@ -39,13 +42,13 @@ from torch.distributed.checkpoint.state_dict import (
     get_state_dict,
     set_state_dict,
 )
-from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
 
 from temper.config.schema import AlgoConfig, TrainerConfig
 from temper.rollout.trajectory import Trajectory
 from temper.trainer.batching import MicroBatch, collate
 from temper.trainer.packing import PackedMicroBatch, collate_packed, shard_by_tokens
+from temper.trainer.parallel import build_mesh, clip_grad_norm, parallelize
 from temper.trainer.policy_trainer import PolicyTrainer
 
 FULL_CPU = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -68,22 +71,6 @@ class WorkerSpec:
     parent_pid: int
 
 
-def shard_model(model: torch.nn.Module) -> None:
-    """``fully_shard`` each decoder layer, then the root (embeddings, norm, tied head).
-
-    Gradients are summed across ranks, not averaged: each rank's loss is already
-    divided by the global counts. Gloo has no pre-multiplied sum, hence the
-    forced plain sum.
-    """
-    for layer in model.model.layers:
-        fully_shard(layer)
-    fully_shard(model)
-    for module in model.modules():
-        if isinstance(module, FSDPModule):
-            module.set_gradient_divide_factor(1.0)
-            module.set_force_sum_reduction_for_comms(True)
-
-
 class ShardedPolicyTrainer(PolicyTrainer):
     """`PolicyTrainer` on one rank of an FSDP2 model; see the module docstring."""
 
@@ -96,8 +83,13 @@ class ShardedPolicyTrainer(PolicyTrainer):
         ref_model: torch.nn.Module | None = None,
     ) -> None:
         self.rank, self.world_size, self.device = rank, spec.world_size, device
+        self.mesh = build_mesh(spec.world_size, spec.cfg.tp, device.type)
+        # Rows are split over dp_shard; the tp ranks of one dp_shard coordinate share them.
+        self.dp_rank = self.mesh.get_local_rank("dp_shard")
+        self.dp_size = self.mesh["dp_shard"].size()
+        self._dp_group = self.mesh["dp_shard"].get_group()
         model.to(device)
-        shard_model(model)  # before the optimizer: AdamW must hold the sharded parameters
+        parallelize(model, self.mesh)  # before the optimizer: AdamW must hold the shards
         if ref_model is not None:
             ref_model.to(device)
         super().__init__(
@@ -111,8 +103,8 @@ class ShardedPolicyTrainer(PolicyTrainer):
         deterministic plan on every rank). Otherwise a contiguous slice of rows.
         """
         if self.cfg.packing:
-            return shard_by_tokens(trajs, chunk, self.world_size)[self.rank]
-        n, r, w = len(chunk), self.rank, self.world_size
+            return shard_by_tokens(trajs, chunk, self.dp_size)[self.dp_rank]
+        n, r, w = len(chunk), self.dp_rank, self.dp_size
         return chunk[r * n // w : (r + 1) * n // w]
 
     def _plan(self, trajs: list[Trajectory]) -> list[list[int]]:
@@ -149,8 +141,9 @@ class ShardedPolicyTrainer(PolicyTrainer):
     def _reduce_sums(self, acc: dict[str, float]) -> dict[str, float]:
         # A rank that ran only empty micro-batches may lack keys (stats logged only for
         # real tokens): agree on the union, a missing sum counting 0 and a missing max -inf.
-        gathered: list[Any] = [None] * self.world_size
-        dist.all_gather_object(gathered, sorted(acc))
+        # Summed over dp_shard only: the tp ranks of one coordinate hold the same rows.
+        gathered: list[Any] = [None] * self.dp_size
+        dist.all_gather_object(gathered, sorted(acc), group=self._dp_group)
         keys = sorted(set().union(*gathered))
         out: dict[str, float] = {}
         for op, names, missing in (
@@ -159,11 +152,13 @@ class ShardedPolicyTrainer(PolicyTrainer):
         ):
             values = [acc.get(k, missing) for k in names]
             tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
-            dist.all_reduce(tensor, op=op)
+            dist.all_reduce(tensor, op=op, group=self._dp_group)
             out.update(zip(names, tensor.tolist(), strict=True))
         return out
 
     def _clip_grads(self) -> float:
+        if self.mesh["tp"].size() > 1:  # DTensors on more than one mesh, and plain tensors
+            return clip_grad_norm(list(self.model.parameters()), self.cfg.grad_clip)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
@@ -198,6 +193,10 @@ def _widen_responses(mb: MicroBatch, width: int) -> MicroBatch:
 
 def _build(rank: int, spec: WorkerSpec) -> ShardedPolicyTrainer:
     from temper.models import load_model
+
+    # DTensor logs a warning for every 2-D redistribution it runs as two collectives
+    # (the gradient norm over dp_shard x tp): expected here, and noise in a run's log.
+    logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.world_size))
     device = torch.device("cpu")

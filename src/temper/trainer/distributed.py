@@ -41,6 +41,7 @@ from temper.rollout.trajectory import Trajectory
 from temper.trainer.checkpoint import DCP_DIR
 from temper.trainer.dist_worker import WorkerSpec, run_worker
 from temper.trainer.optim import build_optimizer
+from temper.trainer.parallel import check_tp
 
 
 class TrainerWorkerError(RuntimeError):
@@ -91,6 +92,8 @@ class DistributedTrainer:
     ) -> None:
         self.model, self.cfg, self.total_steps = model, cfg, total_steps
         self.world_size = cfg.world_size
+        if cfg.tp > 1:  # refuse here, in one line, rather than in every rank
+            check_tp(model.config, cfg.tp)
         spec = WorkerSpec(
             model_path=model_path,
             ref_path=ref_path if algo.uses_reference else None,

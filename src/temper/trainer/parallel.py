@@ -1,0 +1,132 @@
+"""The sharded trainer's layout: one DeviceMesh (dp_shard x tp) and the plans applied on it.
+
+``trainer.world_size = N`` ranks form a 2-D mesh ``(dp_shard, tp)`` with
+``tp = trainer.tp`` and ``dp_shard = N / tp`` (`build_mesh`). Ranks that share a
+``dp_shard`` coordinate hold the same rows of every batch; ``tp`` ranks split each
+layer between them.
+
+`parallelize` applies, in torchtitan's order, tensor parallelism to every
+decoder layer (`tp_plan`: Megatron's column-wise q/k/v and gate/up projections,
+row-wise o and down projections, so each attention head and each MLP column
+lives on one rank and a layer costs one all-reduce forward and one backward),
+then FSDP2 over ``dp_shard`` (each layer, then the root). Embeddings, norms and
+the output layer stay replicated over ``tp``: for the models Temper supports the
+vocabulary is small next to the layers, and a replicated output keeps the loss
+code unchanged.
+
+The plans use `torch.distributed.tensor.parallel` (``parallelize_module``,
+``ColwiseParallel``, ``RowwiseParallel``) with local outputs, so the attention
+code of the HF model sees plain tensors of its local heads; it reshapes with
+``-1`` heads, which is what makes that work.
+
+`clip_grad_norm` is the global-norm clip over parameters some of which are
+DTensors (on the tp mesh, the dp mesh or both) and some plain tensors, which
+``torch.nn.utils.clip_grad_norm_`` cannot mix.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    parallelize_module,
+)
+
+from temper.errors import ConfigError
+
+#: Decoder-layer submodules by how they split: Llama, Qwen2 and Qwen3 name them alike.
+COLWISE = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+)
+ROWWISE = ("self_attn.o_proj", "mlp.down_proj")
+
+
+def build_mesh(world_size: int, tp: int, device_type: str) -> DeviceMesh:
+    """The ``(dp_shard, tp)`` mesh over the default process group's ranks."""
+    if world_size % tp:
+        raise ConfigError(
+            f"trainer.world_size = {world_size} is not a multiple of trainer.tp = {tp}"
+        )
+    return init_device_mesh(device_type, (world_size // tp, tp), mesh_dim_names=("dp_shard", "tp"))
+
+
+def check_tp(config: object, tp: int) -> None:
+    """Refuse a ``tp`` that does not divide the model's heads and MLP width (ConfigError)."""
+    sizes = {
+        "num_attention_heads": getattr(config, "num_attention_heads", None),
+        "num_key_value_heads": getattr(config, "num_key_value_heads", None),
+        "intermediate_size": getattr(config, "intermediate_size", None),
+    }
+    for name, value in sizes.items():
+        if value is None:
+            raise ConfigError(
+                f"trainer.tp = {tp}: the model's config has no {name}; tensor parallelism "
+                "supports Llama, Qwen2 and Qwen3-style decoders"
+            )
+        if value % tp:
+            raise ConfigError(f"trainer.tp = {tp} does not divide the model's {name} = {value}")
+
+
+def tp_plan(layer: torch.nn.Module) -> dict[str, object]:
+    """The tensor-parallel plan of one decoder layer (names relative to the layer)."""
+    names = {name for name, _ in layer.named_modules()}
+    missing = [n for n in (*COLWISE, *ROWWISE) if n not in names]
+    if missing:
+        raise ConfigError(
+            f"trainer.tp > 1: a decoder layer of {type(layer).__name__} has no {missing[0]}; "
+            "tensor parallelism supports Llama, Qwen2 and Qwen3-style decoders"
+        )
+    plan: dict[str, object] = {name: ColwiseParallel() for name in COLWISE}
+    plan.update({name: RowwiseParallel() for name in ROWWISE})
+    return plan
+
+
+def parallelize(model: torch.nn.Module, mesh: DeviceMesh) -> None:
+    """Tensor parallel over ``mesh["tp"]``, then FSDP2 over ``mesh["dp_shard"]``, in place.
+
+    FSDP sums gradients rather than averaging them: each rank's loss is already
+    divided by the global counts. Gloo has no pre-multiplied sum, hence the forced
+    plain sum.
+    """
+    tp, dp = mesh["tp"], mesh["dp_shard"]
+    if tp.size() > 1:
+        check_tp(model.config, tp.size())
+        for layer in model.model.layers:
+            parallelize_module(layer, tp, tp_plan(layer))
+    if dp.size() > 1:
+        for layer in model.model.layers:
+            fully_shard(layer, mesh=dp)
+        fully_shard(model, mesh=dp)
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_gradient_divide_factor(1.0)
+                module.set_force_sum_reduction_for_comms(True)
+
+
+def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """Scale gradients so their global L2 norm is at most ``max_norm``; returns the norm
+    before clipping (inf or NaN left unscaled). DTensor gradients contribute their full
+    tensor's norm, each once, whatever their placements."""
+    grads = [p.grad for p in params if p.grad is not None]
+    total_sq = 0.0
+    for g in grads:
+        norm = torch.linalg.vector_norm(g.detach(), dtype=torch.float64)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        total_sq += float(norm) ** 2
+    total = math.sqrt(total_sq)
+    if math.isfinite(total) and total > max_norm:
+        coef = max_norm / (total + 1e-6)
+        for g in grads:
+            g.detach().mul_(coef)
+    return total
