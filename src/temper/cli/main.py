@@ -306,6 +306,8 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     from temper.orchestrator.sync import SyncOrchestrator
 
     cfg = load_config(args.config, overrides)
+    if (served := _serve_launched_rank(cfg)) is not None:
+        return served
     if args.profile and cfg.log.profile_step is None:
         cfg.log.profile_step = 1  # a step chosen in the config or overrides wins
     run_path = Path(cfg.run.output_dir) / cfg.run.name
@@ -338,6 +340,24 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
         print(f"temper: error: {orch.guard.stop_reason}", file=sys.stderr)
         return 3
     return 0
+
+
+def _serve_launched_rank(cfg: Any) -> int | None:
+    """Under torchrun or mpirun, a rank other than 0 only trains (`temper.trainer.launch`):
+    its exit code; None for rank 0 and for runs without a launcher."""
+    from temper.trainer.launch import check_world_size, detect_launch
+
+    t = cfg.trainer
+    launch = detect_launch(master_addr=t.master_addr, master_port=t.master_port)
+    if launch is None or launch.rank == 0:
+        return None
+    from temper.trainer.distributed import resolve_backend
+    from temper.trainer.launch import serve_rank
+
+    check_world_size(t.world_size, launch)
+    return serve_rank(
+        launch, resolve_backend(t.backend, launch.local_world_size), t.worker_timeout_s
+    )
 
 
 def _eval_config(args: argparse.Namespace, overrides: list[str]) -> Any:

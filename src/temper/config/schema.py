@@ -383,6 +383,18 @@ class TrainerConfig(_Section):
         "splits of every decoder layer); world_size / tp ranks shard data and parameters "
         "with FSDP2 (docs/scaling.md).",
     )
+    master_addr: str | None = Field(
+        None,
+        description="Rendezvous host of the trainer ranks: spawned ranks default to "
+        "127.0.0.1; under torchrun or mpirun, default MASTER_ADDR (docs/scaling.md).",
+    )
+    master_port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Rendezvous port: spawned ranks default to a free one; under a "
+        "launcher, default MASTER_PORT.",
+    )
     backend: Literal["gloo", "nccl"] | None = Field(
         None,
         description="torch.distributed backend for world_size > 1; default gloo on CPU, "

@@ -192,24 +192,36 @@ def _widen_responses(mb: MicroBatch, width: int) -> MicroBatch:
 
 
 def _build(rank: int, spec: WorkerSpec) -> ShardedPolicyTrainer:
-    from temper.models import load_model
+    join_group(rank, spec.world_size, spec.backend, spec.init_method, spec.timeout_s)
+    return make_trainer(rank, spec, local_rank=rank, local_world_size=spec.world_size)
 
+
+def join_group(rank: int, world_size: int, backend: str, init_method: str, timeout_s: float):
+    """Join the trainer's process group (``init_method``: ``tcp://host:port`` or ``env://``)."""
     # DTensor logs a warning for every 2-D redistribution it runs as two collectives
     # (the gradient norm over dp_shard x tp): expected here, and noise in a run's log.
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    dist.init_process_group(
+        backend,
+        init_method=init_method,
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // spec.world_size))
+
+def make_trainer(
+    rank: int, spec: WorkerSpec, local_rank: int, local_world_size: int
+) -> ShardedPolicyTrainer:
+    """This rank's trainer, once it is in the process group: the model loaded, laid out
+    on the mesh, with its optimizer. ``local_*``: its place among the ranks of its host."""
+    from temper.models import load_model
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world_size))
     device = torch.device("cpu")
     if spec.backend == "nccl":
-        device = torch.device("cuda", rank)
+        device = torch.device("cuda", local_rank)
         torch.cuda.set_device(device)
-    dist.init_process_group(
-        spec.backend,
-        init_method=spec.init_method,
-        rank=rank,
-        world_size=spec.world_size,
-        timeout=datetime.timedelta(seconds=spec.timeout_s),
-    )
     model = load_model(spec.model_path, dtype=torch.float32)
     ref = load_model(spec.ref_path, dtype=torch.float32) if spec.ref_path else None
     return ShardedPolicyTrainer(model, spec, rank, device, ref_model=ref)

@@ -40,6 +40,7 @@ from temper.errors import ConfigError
 from temper.rollout.trajectory import Trajectory
 from temper.trainer.checkpoint import DCP_DIR
 from temper.trainer.dist_worker import WorkerSpec, run_worker
+from temper.trainer.launch import Launch, LaunchedRanks, check_world_size, detect_launch
 from temper.trainer.optim import build_optimizer
 from temper.trainer.parallel import check_tp
 
@@ -62,6 +63,12 @@ def resolve_backend(backend: str | None, world_size: int) -> str:
                 f"{torch.cuda.device_count()} visible"
             )
     return backend
+
+
+def _spawn_init_method(cfg: TrainerConfig) -> str:
+    """Where spawned ranks meet: ``trainer.master_addr``/``master_port``, default this
+    host and a free port."""
+    return f"tcp://{cfg.master_addr or '127.0.0.1'}:{cfg.master_port or _free_port()}"
 
 
 def _free_port() -> int:
@@ -89,6 +96,7 @@ class DistributedTrainer:
         total_steps: int,
         pad_id: int,
         ref_path: str | None = None,
+        launch: Launch | None = None,
     ) -> None:
         self.model, self.cfg, self.total_steps = model, cfg, total_steps
         self.world_size = cfg.world_size
@@ -102,14 +110,21 @@ class DistributedTrainer:
             total_steps=total_steps,
             pad_id=pad_id,
             world_size=cfg.world_size,
-            backend=resolve_backend(cfg.backend, cfg.world_size),
-            init_method=f"tcp://127.0.0.1:{_free_port()}",
+            backend=resolve_backend(
+                cfg.backend, launch.local_world_size if launch else cfg.world_size
+            ),
+            init_method=launch.init_method if launch else _spawn_init_method(cfg),
             timeout_s=cfg.worker_timeout_s,
             parent_pid=os.getpid(),
         )
-        ctx = mp.get_context("spawn")  # fork would copy this process's threads and OpenMP state
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
+        #: Under torchrun or mpirun: this process is rank 0, the others were launched.
+        self._launched = LaunchedRanks(launch, spec) if launch is not None else None
+        if self._launched is not None:
+            self._finalizer = weakref.finalize(self, self._launched.close)
+            return
+        ctx = mp.get_context("spawn")  # fork would copy this process's threads and OpenMP state
         for rank in range(cfg.world_size):
             parent, child = ctx.Pipe()
             proc = ctx.Process(
@@ -201,6 +216,12 @@ class DistributedTrainer:
     def _request(self, command: str, arg: Any = None) -> list[Any]:
         if not self._finalizer.alive:
             raise TrainerWorkerError(f"the trainer ranks are stopped; cannot run {command}")
+        if self._launched is not None:
+            replies = self._launched.request(command, arg)
+            for rank, (status, value) in enumerate(replies):
+                if status == "error":
+                    self._fail(f"trainer rank {rank} failed during {command}", value)
+            return [value for _, value in replies]
         for rank, conn in enumerate(self._conns):
             try:
                 conn.send((command, arg))
@@ -294,6 +315,25 @@ def build_trainer(cfg: Any, model: torch.nn.Module, model_path: str, pad_id: int
     ref_path = str(resolve_model_path(cfg.model.path)) if cfg.algo.uses_reference else None
     steps = cfg.orchestrator.steps
     vision = vision_for(str(resolve_model_path(cfg.model.path)))
+    launch = detect_launch(master_addr=cfg.trainer.master_addr, master_port=cfg.trainer.master_port)
+    if launch is not None:
+        if launch.rank != 0:
+            raise ConfigError(
+                f"{launch.launcher} rank {launch.rank} reached the run itself: launched ranks "
+                "other than 0 must run `temper train` (the CLI), which only trains there"
+            )
+        check_world_size(cfg.trainer.world_size, launch)
+        trainer_cfg = cfg.trainer.model_copy(update={"world_size": launch.world_size})
+        if vision is not None or cfg.algo.advantage == "gae" or cfg.trainer.mode != "rl":
+            raise ConfigError(
+                f"{launch.launcher} with {launch.world_size} ranks: launched trainers run RL "
+                "with a group baseline on text models so far (not a vision-language model, "
+                "algo.advantage = 'gae', or trainer.mode = 'sft'/'rft')"
+            )
+        return DistributedTrainer(
+            model, model_path, trainer_cfg, cfg.algo, steps, pad_id, ref_path=ref_path,
+            launch=launch,
+        )  # fmt: skip
     if cfg.trainer.world_size > 1:
         if vision is not None:
             raise ConfigError(
