@@ -17,6 +17,7 @@ from temper.config.critic import CriticConfig, check_critic
 from temper.config.orchestrator import OrchestratorConfig
 from temper.config.sampler import SamplerConfig
 from temper.config.self_improve import RFTConfig, SFTConfig, check_self_improve
+from temper.config.trainer import TrainerConfig
 from temper.envs.base import EpisodeLimits
 from temper.monitor.health import HealthConfig
 
@@ -317,104 +318,6 @@ class RewardConfig(_Section):
         "this (also flags 40+ visible characters with <= 3 distinct or one > half of them, "
         "or one word > half of 10+ words).",
     )
-
-
-class TrainerConfig(_Section):
-    mode: Literal["rl", "sft", "rft"] = Field(
-        "rl",
-        description="rl: policy-gradient steps on scored groups (`algo`). sft: supervised "
-        "steps on the `sft` conversations (loss on assistant tokens). rft: rejection-sampling "
-        "fine-tuning, each step a round: generate, keep by reward (`rft`), supervised steps "
-        "(docs/self_improvement.md).",
-    )
-    lr: float = Field(1e-4, gt=0, le=1, description="Peak learning rate.")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    betas: tuple[float, float] = Field((0.9, 0.99), description="AdamW betas.")
-    warmup_steps: int = Field(5, ge=0, description="Linear warmup steps.")
-    schedule: Literal["constant", "cosine", "linear"] = Field(
-        "constant", description="Learning-rate schedule after warmup."
-    )
-    grad_clip: float = Field(1.0, gt=0, description="Max global grad norm.")
-    micro_batch_tokens: int = Field(
-        8192,
-        ge=16,
-        description="Padded-token budget of one micro-batch: distinct prompts x longest prompt "
-        "+ responses x longest response.",
-    )
-    micro_batch_overhead_tokens: int = Field(
-        64,
-        ge=0,
-        description="What one more micro-batch costs, in padded tokens: the planner cuts "
-        "length-sorted rows into micro-batches trading padding against this.",
-    )
-    packing: bool = Field(
-        False,
-        description="Pack trajectories into padding-free rows of micro_batch_tokens tokens "
-        "(each prompt once per row, attention only within a sequence and its prompt); "
-        "vision-language models train unpacked (docs/training.md).",
-    )
-    device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description="Where the trainer runs (world_size 1): auto = CUDA when present."
-    )
-    precision: Literal["auto", "fp32", "bf16"] = Field(
-        "auto",
-        description="bf16 uses autocast; auto = bf16 on CUDA, fp32 on CPU (weights stay fp32).",
-    )
-    ppo_epochs: int = Field(
-        1, ge=1, description="Passes over each batch (sft/rft: over each step's samples)."
-    )
-    mini_batches: int = Field(1, ge=1, description="Optimizer steps per pass.")
-    freeze_vision_tower: bool = Field(
-        True,
-        description="Vision-language models: keep the vision encoder's weights fixed (the "
-        "projector and language model train). False trains the encoder too.",
-    )
-    world_size: int = Field(
-        1,
-        ge=1,
-        le=1024,
-        description="Trainer processes. 1 trains in the run's process; N > 1 spawns N "
-        "FSDP2 ranks, each training on a shard of every mini-batch (docs/scaling.md).",
-    )
-    tp: int = Field(
-        1,
-        ge=1,
-        description="Tensor-parallel degree within world_size (Megatron-style column/row "
-        "splits of every decoder layer); world_size / tp ranks shard data and parameters "
-        "with FSDP2 (docs/scaling.md).",
-    )
-    master_addr: str | None = Field(
-        None,
-        description="Rendezvous host of the trainer ranks: spawned ranks default to "
-        "127.0.0.1; under torchrun or mpirun, default MASTER_ADDR (docs/scaling.md).",
-    )
-    master_port: int | None = Field(
-        None,
-        ge=1,
-        le=65535,
-        description="Rendezvous port: spawned ranks default to a free one; under a "
-        "launcher, default MASTER_PORT.",
-    )
-    backend: Literal["gloo", "nccl"] | None = Field(
-        None,
-        description="torch.distributed backend for world_size > 1; default gloo on CPU, "
-        "nccl when CUDA is available.",
-    )
-    worker_timeout_s: float = Field(
-        1800.0,
-        gt=0,
-        description="With world_size > 1: the longest one trainer command (a step, a "
-        "checkpoint) may take before the run stops with an error.",
-    )
-
-    @model_validator(mode="after")
-    def _tp_divides_world_size(self) -> TrainerConfig:
-        if self.world_size % self.tp:
-            raise ValueError(
-                f"trainer.world_size = {self.world_size} is not a multiple of trainer.tp = "
-                f"{self.tp} (world_size counts every rank: dp_shard x tp)"
-            )
-        return self
 
 
 class EvalConfig(_Section):

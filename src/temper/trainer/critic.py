@@ -27,7 +27,7 @@ import warnings
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import torch
 
@@ -36,16 +36,28 @@ from temper.algos.turn_credit import episode_turn_rewards, token_advantages
 from temper.algos.value import explained_variance, gae, turn_gae, value_loss
 from temper.config.algo import AlgoConfig
 from temper.config.critic import CriticConfig
-from temper.config.schema import TrainerConfig
+from temper.config.trainer import TrainerConfig
 from temper.rollout.trajectory import Trajectory
 from temper.trainer.batching import MicroBatch
 from temper.trainer.optim import build_optimizer
 from temper.trainer.packing import PackedMicroBatch
 
-if TYPE_CHECKING:
-    from temper.trainer.policy_trainer import PolicyTrainer
-
 Rows = dict[int, torch.Tensor]  # one [R_i] tensor per trajectory index
+
+
+class PolicyTrainer(Protocol):
+    """What the critic uses of `temper.trainer.policy_trainer.PolicyTrainer`: the policy,
+    its config, and its batching and forward seams (so the critic batches, shards and
+    runs exactly as the policy does, at any world size)."""
+
+    model: torch.nn.Module
+    cfg: TrainerConfig
+
+    def _plan(self, trajs: list[Trajectory]) -> list[list[int]]: ...
+    def _collate(self, trajs: list[Trajectory], rows: list[int]) -> Any: ...
+    def _forward_logits(self, model: torch.nn.Module, mb: Any) -> torch.Tensor: ...
+    def _shard(self, trajs: list[Trajectory], chunk: list[int]) -> list[int]: ...
+    def _reduce_sums(self, acc: dict[str, float]) -> dict[str, float]: ...
 
 
 def as_value_model(model: torch.nn.Module) -> torch.nn.Module:

@@ -44,7 +44,8 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.tensor import DTensor
 
-from temper.config.schema import AlgoConfig, TrainerConfig
+from temper.config.algo import AlgoConfig
+from temper.config.trainer import TrainerConfig
 from temper.rollout.trajectory import Trajectory
 from temper.trainer.batching import MicroBatch, collate
 from temper.trainer.packing import PackedMicroBatch, collate_packed, shard_by_tokens

@@ -35,7 +35,8 @@ from typing import Any
 
 import torch
 
-from temper.config.schema import AlgoConfig, TrainerConfig
+from temper.config.algo import AlgoConfig
+from temper.config.trainer import TrainerConfig
 from temper.errors import ConfigError
 from temper.rollout.trajectory import Trajectory
 from temper.trainer.checkpoint import DCP_DIR

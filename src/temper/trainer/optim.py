@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from temper.config.schema import TrainerConfig
+from temper.config.trainer import TrainerConfig
 
 
 def lr_multiplier(step: int, warmup: int, total: int, schedule: str) -> float:

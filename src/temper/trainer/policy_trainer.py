@@ -42,7 +42,8 @@ from temper.algos import (
     token_logprobs,
 )
 from temper.algos.off_policy import importance_weights
-from temper.config.schema import AlgoConfig, TrainerConfig
+from temper.config.algo import AlgoConfig
+from temper.config.trainer import TrainerConfig
 from temper.devices import trainer_precision
 from temper.rollout.trajectory import Trajectory
 from temper.trainer.batching import MicroBatch, PixelSource, collate, plan_micro_batches
