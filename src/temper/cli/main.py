@@ -17,48 +17,9 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from temper.cli.overrides import join_override_values, split_overrides
+from temper.cli.train import cmd_train
 from temper.errors import ConfigError, TemperError
-
-
-def split_overrides(extra: list[str]) -> list[str]:
-    """Turn `--a.b=1 --c.d 2` into ["a.b=1", "c.d=2"]."""
-    out: list[str] = []
-    i = 0
-    while i < len(extra):
-        arg = extra[i]
-        if not arg.startswith("--") or "." not in arg.split("=")[0]:
-            raise ConfigError(
-                f"unrecognised argument {arg!r} (overrides look like --section.key=value)"
-            )
-        if "=" in arg:
-            out.append(arg[2:])
-            i += 1
-        elif i + 1 < len(extra):
-            out.append(f"{arg[2:]}={extra[i + 1]}")
-            i += 2
-        else:
-            raise ConfigError(f"override {arg} has no value")
-    return out
-
-
-def join_override_values(argv: list[str]) -> list[str]:
-    """Turn `--a.b 1` into `--a.b=1` before argparse sees it.
-
-    Otherwise argparse takes the value of an override written with a space for
-    the optional CONFIG argument (`temper eval --eval.size 8` read "8" as a file).
-    """
-    out: list[str] = []
-    i = 0
-    while i < len(argv):
-        arg = argv[i]
-        is_override = arg.startswith("--") and "=" not in arg and "." in arg[2:]
-        if is_override and i + 1 < len(argv) and not argv[i + 1].startswith("--"):
-            out.append(f"{arg}={argv[i + 1]}")
-            i += 2
-        else:
-            out.append(arg)
-            i += 1
-    return out
 
 
 def _add_limit_flags(p: argparse.ArgumentParser) -> None:
@@ -294,70 +255,6 @@ def _parser() -> argparse.ArgumentParser:
     d.add_argument("--host", default="127.0.0.1", help="address to listen on")
     d.add_argument("--port", type=int, default=8765, help="port to listen on")
     return p
-
-
-def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
-    """Run training. Exit codes: 0 done; 2 bad input, or the run directory cannot be
-    written (full disk, read-only); 3 stopped by a health check (the run could not
-    learn); 130 interrupted (a checkpoint was written; continue with --run.resume=true).
-    """
-    from temper.config import load_config
-    from temper.orchestrator.run_dir import is_write_error, write_error
-    from temper.orchestrator.sync import SyncOrchestrator
-
-    cfg = load_config(args.config, overrides)
-    if (served := _serve_launched_rank(cfg)) is not None:
-        return served
-    if args.profile and cfg.log.profile_step is None:
-        cfg.log.profile_step = 1  # a step chosen in the config or overrides wins
-    run_path = Path(cfg.run.output_dir) / cfg.run.name
-
-    async def go() -> tuple[dict, SyncOrchestrator]:
-        orch = SyncOrchestrator(cfg)
-        try:
-            return await orch.run(), orch
-        finally:
-            await orch.close()
-
-    try:
-        final, orch = asyncio.run(go())
-    except OSError as err:
-        if is_write_error(err, run_path):
-            raise write_error(err, run_path) from err
-        raise
-    print(f"run directory: {run_path}  report: {run_path / 'report.html'}")
-    if orch.guard.interrupted_at is not None:
-        step = orch.guard.interrupted_at
-        saved = f"checkpoint step_{step} written" if step > orch.start_step else "no new step"
-        print(
-            f"temper: interrupted at step {step} ({saved}); continue with --run.resume=true",
-            file=sys.stderr,
-        )
-        return 130
-    if final:
-        print(json.dumps({k: v for k, v in final.items() if not isinstance(v, dict)}))
-    if orch.guard.stop_reason:
-        print(f"temper: error: {orch.guard.stop_reason}", file=sys.stderr)
-        return 3
-    return 0
-
-
-def _serve_launched_rank(cfg: Any) -> int | None:
-    """Under torchrun or mpirun, a rank other than 0 only trains (`temper.trainer.launch`):
-    its exit code; None for rank 0 and for runs without a launcher."""
-    from temper.trainer.launch import check_world_size, detect_launch
-
-    t = cfg.trainer
-    launch = detect_launch(master_addr=t.master_addr, master_port=t.master_port)
-    if launch is None or launch.rank == 0:
-        return None
-    from temper.trainer.distributed import resolve_backend
-    from temper.trainer.launch import serve_rank
-
-    check_world_size(t.world_size, launch)
-    return serve_rank(
-        launch, resolve_backend(t.backend, launch.local_world_size), t.worker_timeout_s
-    )
 
 
 def _eval_config(args: argparse.Namespace, overrides: list[str]) -> Any:
