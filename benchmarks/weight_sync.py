@@ -13,19 +13,35 @@ Prints one JSON line: median seconds over `--reps` and each transport's ratio
 to the copy (goal: shared memory <= 2x).
 
     .venv/bin/python benchmarks/weight_sync.py [--params 100_000_000] [--reps 3]
+
+``--sharded`` measures the sharded trainer's weight sync instead: a random
+Llama of about 134M parameters (``--hidden``, ``--layers``) on two FSDP2 ranks
+(gloo), synced to the run's CPU copy once by gathering the whole state dict on
+rank 0 and sending it through a pipe (``trainer.weight_sync_bucket_mb = 0``,
+the old way) and once streamed in buckets (64 MiB, `temper.trainer.weight_stream`).
+A thread samples each process's ``/proc/<pid>/status`` every 2 ms during the
+sync: the peak growth of private memory (RssAnon) and of shared memory
+(RssShmem) per rank and in the run's process. Prints one JSON line with rank
+0's peak private growth, gather / stream.
+
+    .venv/bin/python benchmarks/weight_sync.py --sharded
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
+import os
 import shutil
 import socket
 import statistics
 import tempfile
+import threading
 import time
 import uuid
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -67,12 +83,103 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _rss(pid: int) -> dict[str, int]:
+    """RssAnon and RssShmem of ``pid`` in bytes."""
+    out = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key = line.split(":")[0]
+        if key in ("RssAnon", "RssShmem"):
+            out[key] = int(line.split()[1]) * 1024
+    return out
+
+
+def _peak_growth(pids: dict[str, int], action) -> tuple[dict, float]:
+    """Run ``action`` while sampling ``pids``; each one's peak growth over its start (MiB)."""
+    start = {name: _rss(pid) for name, pid in pids.items()}
+    peak = {name: dict(v) for name, v in start.items()}
+    stop = threading.Event()
+
+    def sample() -> None:
+        while not stop.is_set():
+            for name, pid in pids.items():
+                for key, value in _rss(pid).items():
+                    peak[name][key] = max(peak[name][key], value)
+            time.sleep(0.002)
+
+    thread = threading.Thread(target=sample, daemon=True)
+    thread.start()
+    t0 = time.perf_counter()
+    action()
+    seconds = time.perf_counter() - t0
+    stop.set()
+    thread.join()
+    growth = {
+        name: {k: round((peak[name][k] - start[name][k]) / 2**20, 1) for k in start[name]}
+        for name in pids
+    }
+    return growth, seconds
+
+
+def _sync_once(trainer) -> None:
+    """One weight sync, as after a training step: the ranks send, the run adopts."""
+    trainer._adopt(trainer._request("sync_weights")[0]["weights"])
+
+
+def sharded_sync(args: argparse.Namespace) -> dict:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from temper.config.algo import AlgoConfig
+    from temper.config.trainer import TrainerConfig
+    from temper.models import load_model
+    from temper.trainer.distributed import DistributedTrainer
+
+    config = LlamaConfig(
+        hidden_size=args.hidden, intermediate_size=args.hidden * 8 // 3, num_hidden_layers=args.layers,
+        num_attention_heads=12, num_key_value_heads=12, vocab_size=32000, tie_word_embeddings=False,
+    )  # fmt: skip
+    directory = tempfile.mkdtemp(prefix="temper-bench-model-")
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(directory)
+    params = sum(p.numel() for p in load_model(directory).parameters())
+    out: dict = {"benchmark": "weight_sync_sharded", "params": params, "world_size": 2}
+    try:
+        for name, bucket_mb in (("gather_and_pipe", 0.0), ("stream", 64.0)):
+            cfg = TrainerConfig(world_size=2, weight_sync_bucket_mb=bucket_mb)
+            trainer = DistributedTrainer(load_model(directory), directory, cfg, AlgoConfig(), 1, 0)
+            try:
+                pids = {
+                    "run": os.getpid(),
+                    **{f"rank{r}": p.pid for r, p in enumerate(trainer._procs)},
+                }
+
+                sync = functools.partial(_sync_once, trainer)
+                sync()  # warm: first-touch of buffers and shared memory
+                growth, seconds = _peak_growth(pids, sync)
+                out[name] = {"seconds": round(seconds, 3), "peak_growth_mib": growth}
+            finally:
+                trainer.close()
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    full_mib = params * 4 / 2**20
+    g = out["gather_and_pipe"]["peak_growth_mib"]["rank0"]["RssAnon"]
+    st = out["stream"]["peak_growth_mib"]["rank0"]["RssAnon"]
+    out["model_mib"] = round(full_mib, 1)
+    out["ratio_rank0_private_growth_gather_vs_stream"] = round(g / max(st, 1.0), 2)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--params", type=int, default=100_000_000)
     ap.add_argument("--tensors", type=int, default=4)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--sharded", action="store_true", help="the sharded trainer's sync")
+    ap.add_argument("--hidden", type=int, default=768)
+    ap.add_argument("--layers", type=int, default=12)
     args = ap.parse_args()
+    if args.sharded:
+        print(json.dumps(sharded_sync(args)))
+        return
     n = args.params // args.tensors
     state = {f"layer{i}.weight": torch.randn(n) for i in range(args.tensors)}
     dest = {k: torch.empty_like(v) for k, v in state.items()}

@@ -92,6 +92,13 @@ class TrainerConfig(BaseModel):
         description="torch.distributed backend for world_size > 1; default gloo on CPU, "
         "nccl when CUDA is available.",
     )
+    weight_sync_bucket_mb: float = Field(
+        64.0,
+        ge=0,
+        description="With world_size > 1: after each step the ranks stream the full weights "
+        "into the run's CPU copy in buckets of this many MiB (rank 0's extra memory); 0 = "
+        "gather the whole state dict on rank 0 and send it through a pipe.",
+    )
     worker_timeout_s: float = Field(
         1800.0,
         gt=0,

@@ -51,6 +51,7 @@ from temper.trainer.batching import MicroBatch, collate
 from temper.trainer.packing import PackedMicroBatch, collate_packed, shard_by_tokens
 from temper.trainer.parallel import build_mesh, clip_grad_norm, parallelize
 from temper.trainer.policy_trainer import PolicyTrainer
+from temper.trainer.weight_stream import stream_weights
 
 FULL_CPU = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
@@ -70,6 +71,8 @@ class WorkerSpec:
     init_method: str
     timeout_s: float
     parent_pid: int
+    #: Bytes per bucket when streaming weights out (`weight_stream`); 0: one full gather.
+    sync_bucket_bytes: int = 0
 
 
 class ShardedPolicyTrainer(PolicyTrainer):
@@ -84,6 +87,9 @@ class ShardedPolicyTrainer(PolicyTrainer):
         ref_model: torch.nn.Module | None = None,
     ) -> None:
         self.rank, self.world_size, self.device = rank, spec.world_size, device
+        self.sync_bucket_bytes = spec.sync_bucket_bytes
+        #: Rank 0, streaming: the run's CPU copy of the weights, written in place.
+        self.weight_sink: dict[str, torch.Tensor] | None = None
         self.mesh = build_mesh(spec.world_size, spec.cfg.tp, device.type)
         # Rows are split over dp_shard; the tp ranks of one dp_shard coordinate share them.
         self.dp_rank = self.mesh.get_local_rank("dp_shard")
@@ -229,9 +235,23 @@ def make_trainer(
 
 
 def _full_weights(trainer: ShardedPolicyTrainer) -> dict[str, torch.Tensor] | None:
-    """The full state dict on CPU, on rank 0 only (a collective: every rank calls it)."""
+    """The full weights for the run (a collective: every rank calls it): streamed into
+    rank 0's sink bucket by bucket (returns None), or, with no bucket size, the full
+    state dict on CPU, returned by rank 0 only."""
+    if trainer.sync_bucket_bytes > 0:
+        sink = trainer.weight_sink if trainer.rank == 0 else None
+        if trainer.rank == 0 and sink is None:
+            raise RuntimeError("rank 0 has no weight sink to stream into (attach_sink)")
+        stream_weights(trainer.model, sink, trainer.sync_bucket_bytes)
+        return None
     weights = get_model_state_dict(trainer.model, options=FULL_CPU)
     return weights if trainer.rank == 0 else None
+
+
+def _attach_sink(trainer: ShardedPolicyTrainer, sink: dict[str, torch.Tensor] | None) -> None:
+    """Rank 0 keeps the run's shared-memory copy of the weights to stream into."""
+    if trainer.rank == 0:
+        trainer.weight_sink = sink
 
 
 def _train_step(trainer: ShardedPolicyTrainer, trajs: list[Trajectory]) -> dict[str, Any]:
@@ -268,6 +288,8 @@ HANDLERS = {
     "save": _save,
     "load_dcp": _load_dcp,
     "scheduler_state": lambda trainer, _arg: trainer.scheduler.state_dict(),
+    "attach_sink": _attach_sink,
+    "sync_weights": lambda trainer, _arg: {"weights": _full_weights(trainer)},
 }
 
 

@@ -44,6 +44,7 @@ from temper.trainer.dist_worker import WorkerSpec, run_worker
 from temper.trainer.launch import Launch, LaunchedRanks, check_world_size, detect_launch
 from temper.trainer.optim import build_optimizer
 from temper.trainer.parallel import check_tp
+from temper.trainer.weight_stream import share_sink
 
 
 class TrainerWorkerError(RuntimeError):
@@ -117,6 +118,7 @@ class DistributedTrainer:
             init_method=launch.init_method if launch else _spawn_init_method(cfg),
             timeout_s=cfg.worker_timeout_s,
             parent_pid=os.getpid(),
+            sync_bucket_bytes=int(cfg.weight_sync_bucket_mb * 2**20),
         )
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
@@ -124,6 +126,8 @@ class DistributedTrainer:
         self._launched = LaunchedRanks(launch, spec) if launch is not None else None
         if self._launched is not None:
             self._finalizer = weakref.finalize(self, self._launched.close)
+            if spec.sync_bucket_bytes:  # rank 0 is this process: stream into the copy itself
+                self._launched.trainer.weight_sink = dict(self.model.state_dict())
             return
         ctx = mp.get_context("spawn")  # fork would copy this process's threads and OpenMP state
         for rank in range(cfg.world_size):
@@ -140,6 +144,11 @@ class DistributedTrainer:
             self._conns.append(parent)
         self._finalizer = weakref.finalize(self, _stop, self._procs, self._conns)
         self._collect("startup")
+        if spec.sync_bucket_bytes:  # rank 0 streams into this copy, moved to shared memory
+            sink = share_sink(self.model)
+            for rank, conn in enumerate(self._conns):
+                conn.send(("attach_sink", sink if rank == 0 else None))
+            self._collect("attach_sink")
 
     # --- the PolicyTrainer interface -------------------------------------------------
 
@@ -210,7 +219,10 @@ class DistributedTrainer:
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
             dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(out), no_dist=True)
 
-    def _adopt(self, weights: dict[str, torch.Tensor]) -> None:
+    def _adopt(self, weights: dict[str, torch.Tensor] | None) -> None:
+        """Load weights rank 0 sent; None: it already streamed them into this copy."""
+        if weights is None:
+            return
         with torch.no_grad():
             self.model.load_state_dict(weights)
 

@@ -157,7 +157,7 @@ class LaunchedRanks:
         mine, weights = _weights_apart(local)
         replies: list[Any] = [None] * self.launch.world_size
         dist.gather_object((status, mine), replies, dst=0)
-        if weights is not None:
+        if mine is not local:  # put rank 0's weights (None when streamed) back, unpickled
             replies[0] = (status, {**mine, "weights": weights})
         return replies
 
