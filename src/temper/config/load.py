@@ -114,6 +114,8 @@ MODEL_ALIASES = frozenset(
         "tiny_vlm",
         "tiny-vlm",
         "builtin:tiny_vlm",
+        "tiny-moe",
+        "builtin:tiny-moe",
     }
 )
 

@@ -75,6 +75,13 @@ class TrainerConfig(BaseModel):
         "splits of every decoder layer); world_size / tp ranks shard data and parameters "
         "with FSDP2 (docs/scaling.md).",
     )
+    ep: int = Field(
+        1,
+        ge=1,
+        description="Expert-parallel degree for MoE models: each rank holds 1/ep of every "
+        "MoE layer's experts and tokens are dispatched to them (all-to-all); needs tp = 1 and "
+        "ep = world_size (the FSDP2 ranks) so far.",
+    )
     master_addr: str | None = Field(
         None,
         description="Rendezvous host of the trainer ranks: spawned ranks default to "
@@ -112,5 +119,11 @@ class TrainerConfig(BaseModel):
             raise ValueError(
                 f"trainer.world_size = {self.world_size} is not a multiple of trainer.tp = "
                 f"{self.tp} (world_size counts every rank: dp_shard x tp)"
+            )
+        if self.ep > 1 and (self.tp > 1 or self.ep != self.world_size):
+            raise ValueError(
+                f"trainer.ep = {self.ep} needs trainer.tp = 1 and trainer.world_size = ep "
+                f"(experts are sharded over the FSDP2 ranks); got tp = {self.tp}, "
+                f"world_size = {self.world_size}"
             )
         return self

@@ -34,6 +34,7 @@ from temper.errors import ModelLoadError
 TINY_DIR = Path(__file__).resolve().parent / "tiny"
 TINY_RM_DIR = Path(__file__).resolve().parent / "tiny_rm"
 TINY_VLM_DIR = Path(__file__).resolve().parent / "tiny_vlm"
+TINY_MOE_DIR = Path(__file__).resolve().parent / "tiny_moe"
 ALIASES: dict[str, Path] = {
     "tiny": TINY_DIR,
     "builtin:tiny": TINY_DIR,
@@ -42,6 +43,8 @@ ALIASES: dict[str, Path] = {
     "tiny_vlm": TINY_VLM_DIR,
     "tiny-vlm": TINY_VLM_DIR,
     "builtin:tiny_vlm": TINY_VLM_DIR,
+    "tiny-moe": TINY_MOE_DIR,
+    "builtin:tiny-moe": TINY_MOE_DIR,
 }
 
 

@@ -96,7 +96,7 @@ class ShardedPolicyTrainer(PolicyTrainer):
         self.dp_size = self.mesh["dp_shard"].size()
         self._dp_group = self.mesh["dp_shard"].get_group()
         model.to(device)
-        parallelize(model, self.mesh)  # before the optimizer: AdamW must hold the shards
+        parallelize(model, self.mesh, spec.cfg.ep)  # before the optimizer: AdamW holds shards
         if ref_model is not None:
             ref_model.to(device)
         super().__init__(
@@ -164,7 +164,7 @@ class ShardedPolicyTrainer(PolicyTrainer):
         return out
 
     def _clip_grads(self) -> float:
-        if self.mesh["tp"].size() > 1:  # DTensors on more than one mesh, and plain tensors
+        if self.mesh["tp"].size() > 1 or self.cfg.ep > 1:  # DTensors of mixed meshes/placements
             return clip_grad_norm(list(self.model.parameters()), self.cfg.grad_clip)
         norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         if isinstance(norm, DTensor):

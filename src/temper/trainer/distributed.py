@@ -41,6 +41,7 @@ from temper.errors import ConfigError
 from temper.rollout.trajectory import Trajectory
 from temper.trainer.checkpoint import DCP_DIR
 from temper.trainer.dist_worker import WorkerSpec, run_worker
+from temper.trainer.expert_parallel import check_ep
 from temper.trainer.launch import Launch, LaunchedRanks, check_world_size, detect_launch
 from temper.trainer.optim import build_optimizer
 from temper.trainer.parallel import check_tp
@@ -104,6 +105,8 @@ class DistributedTrainer:
         self.world_size = cfg.world_size
         if cfg.tp > 1:  # refuse here, in one line, rather than in every rank
             check_tp(model.config, cfg.tp)
+        if cfg.ep > 1:
+            check_ep(model, cfg.ep)
         spec = WorkerSpec(
             model_path=model_path,
             ref_path=ref_path if algo.uses_reference else None,

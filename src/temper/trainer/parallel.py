@@ -39,6 +39,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from temper.errors import ConfigError
+from temper.trainer.expert_parallel import shard_experts
 
 #: Decoder-layer submodules by how they split: Llama, Qwen2 and Qwen3 name them alike.
 COLWISE = (
@@ -91,8 +92,10 @@ def tp_plan(layer: torch.nn.Module) -> dict[str, object]:
     return plan
 
 
-def parallelize(model: torch.nn.Module, mesh: DeviceMesh) -> None:
-    """Tensor parallel over ``mesh["tp"]``, then FSDP2 over ``mesh["dp_shard"]``, in place.
+def parallelize(model: torch.nn.Module, mesh: DeviceMesh, ep: int = 1) -> None:
+    """Tensor parallel over ``mesh["tp"]``, experts over ``mesh["dp_shard"]`` when
+    ``ep > 1`` (`temper.trainer.expert_parallel`), then FSDP2 over ``mesh["dp_shard"]``
+    for everything else, in place.
 
     FSDP sums gradients rather than averaging them: each rank's loss is already
     divided by the global counts. Gloo has no pre-multiplied sum, hence the forced
@@ -103,10 +106,11 @@ def parallelize(model: torch.nn.Module, mesh: DeviceMesh) -> None:
         check_tp(model.config, tp.size())
         for layer in model.model.layers:
             parallelize_module(layer, tp, tp_plan(layer))
+    experts = shard_experts(model, dp) if ep > 1 else set()
     if dp.size() > 1:
         for layer in model.model.layers:
-            fully_shard(layer, mesh=dp)
-        fully_shard(model, mesh=dp)
+            fully_shard(layer, mesh=dp, ignored_params=experts)
+        fully_shard(model, mesh=dp, ignored_params=experts)
         for module in model.modules():
             if isinstance(module, FSDPModule):
                 module.set_gradient_divide_factor(1.0)

@@ -48,6 +48,7 @@ from temper.devices import trainer_precision
 from temper.rollout.trajectory import Trajectory
 from temper.trainer.batching import MicroBatch, PixelSource, collate, plan_micro_batches
 from temper.trainer.critic import Critic, critic_stats, gae_targets, whiten
+from temper.trainer.expert_parallel import expert_modules, moe_load, moe_metrics
 from temper.trainer.forward import response_logits
 from temper.trainer.objective import policy_objective, reinforce_pp_returns
 from temper.trainer.optim import build_optimizer
@@ -192,9 +193,16 @@ class PolicyTrainer:
         return float(norm)
 
     def train_step(self, trajs: list[Trajectory]) -> dict[str, float]:
-        """Update the policy on `trajs`; returns averaged metrics."""
+        """Update the policy on `trajs`; returns averaged metrics (with an MoE model, its
+        routers' load balance too, `temper.trainer.expert_parallel.moe_metrics`)."""
         if not trajs:
             return {}
+        with moe_load(self.model) as counts:
+            metrics = self._train_step(trajs)
+        layers = len(expert_modules(self.model))
+        return {**metrics, **moe_metrics(counts, layers, self._reduce_sums)}
+
+    def _train_step(self, trajs: list[Trajectory]) -> dict[str, float]:
         self.model.train()
         order = list(range(len(trajs)))
         chunks = [order[k :: self.cfg.mini_batches] for k in range(self.cfg.mini_batches)]
