@@ -68,16 +68,9 @@ def gae(
     return advantages, returns
 
 
-def turn_gae(
-    turn_rewards: torch.Tensor,
-    turn_values: torch.Tensor,
-    turn_mask: torch.Tensor,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Turn-level GAE: `gae` with one step per turn, on ``[B, K]`` per-turn rewards and
-    values (``turn_mask``: which of the K turns a row has)."""
-    return gae(turn_rewards, turn_values, turn_mask, gamma, lam)
+#: Turn-level GAE is `gae` with one step per turn: ``[B, K]`` per-turn rewards and values
+#: (the value at each turn's first token) and the mask of the K turns each row has.
+turn_gae = gae
 
 
 def value_loss(
