@@ -63,6 +63,7 @@ from temper.orchestrator.step_metrics import (
 )
 from temper.rollout.multi_turn import episode_stats
 from temper.rollout.single_turn import check_prompt_fits
+from temper.rollout.sources import Groups
 from temper.rollout.trajectory import Trajectory
 from temper.trainer.checkpoint import (
     load_checkpoint_state,
@@ -215,25 +216,7 @@ class SyncOrchestrator:
         t0 = time.perf_counter()
         version_before = self.backend.version
         mode = cfg.orchestrator.mode
-        extra: dict[str, float] = {}  # refill and sampler metrics
-        if mode == "train_only":
-            groups, rollout_stats = load_recorded_groups(cfg.orchestrator.train_from, step)
-            generated = groups
-        elif self.async_rollouts is not None:
-            groups, rollout_stats = await self.async_rollouts.take(step)
-            generated = groups
-        else:
-            batch = await step_groups(
-                self.rollouts.source,
-                self.sampler,
-                self._sampling(),
-                prompts=cfg.orchestrator.prompts_per_step,
-                seed=cfg.run.seed * 1_000_003 + step,
-                refill=cfg.orchestrator.refill,
-                max_rounds=cfg.orchestrator.max_refill_rounds,
-            )
-            groups, rollout_stats, extra = batch.train, batch.stats, batch.metrics
-            generated = batch.generated
+        groups, generated, rollout_stats, extra = await self._collect_groups(step)
         flat = [t for g in generated for t in g]
         if isinstance(self.sampler, LearnsFromResults) and mode != "train_only":
             self.sampler.observe(step, flat)  # every group, zero-variance ones too
@@ -288,6 +271,34 @@ class SyncOrchestrator:
         m.update(stage_times(rollout_stats, t0, t2, t3, t4))
         m.update(staleness_metrics(flat, version_before))
         m.update(extra)
+        m.update(self._system_metrics(flat))
+        self._write_samples(step, flat, failures)
+        return m
+
+    async def _collect_groups(self, step: int) -> tuple[Groups, Groups, dict, dict]:
+        """This step's groups: (to train on, all generated, rollout stats, extra metrics),
+        recorded (train_only), from the background (async) or generated now."""
+        cfg = self.cfg
+        if cfg.orchestrator.mode == "train_only":
+            groups, stats = load_recorded_groups(cfg.orchestrator.train_from, step)
+            return groups, groups, stats, {}
+        if self.async_rollouts is not None:
+            groups, stats = await self.async_rollouts.take(step)
+            return groups, groups, stats, {}
+        batch = await step_groups(
+            self.rollouts.source,
+            self.sampler,
+            self._sampling(),
+            prompts=cfg.orchestrator.prompts_per_step,
+            seed=cfg.run.seed * 1_000_003 + step,
+            refill=cfg.orchestrator.refill,
+            max_rounds=cfg.orchestrator.max_refill_rounds,
+        )
+        return batch.train, batch.generated, batch.stats, batch.metrics
+
+    def _system_metrics(self, flat: list[Trajectory]) -> dict[str, Any]:
+        """Placement, async, backend, memory and env metrics of the step."""
+        m: dict[str, Any] = {}
         if self.placer is not None:
             p = self.placer
             m.update(placement_metrics(p.current, compute.cores(), p.worker_threads))
@@ -298,9 +309,8 @@ class SyncOrchestrator:
         if self.backend.abilities.metrics:  # e.g. workers/* with rollout workers
             m.update(self.backend.metrics())
         m["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        if cfg.env.enabled:
+        if self.cfg.env.enabled:
             m.update({f"env/{k}": v for k, v in episode_stats(flat).items()})
-        self._write_samples(step, flat, failures)
         return m
 
     def _write_samples(self, step: int, flat: list[Trajectory], failures: int) -> None:
