@@ -345,3 +345,30 @@ def test_ppo_with_a_critic_trains_over_ray_actors(ray_cluster, tmp_path):
     rows = [json.loads(x) for x in (tmp_path / "ppo-ray" / "metrics.jsonl").open()]
     assert [r["step"] for r in rows] == [1, 2]
     assert all("value_loss" in r and "loss" in r for r in rows)
+
+
+def test_trainer_ranks_as_ray_actors_match_one_process(ray_cluster):
+    """``trainer.launcher = "ray"``: two FSDP2 ranks as Ray actors (1 CPU each, in a
+    placement group) take the same step as one process; a killed rank actor is an
+    error naming it."""
+    from tests.trainer.test_distributed import CFG, TOL, TOTAL_STEPS, _batch, _max_diff, _weights
+
+    from temper.config.algo import AlgoConfig
+    from temper.models import load_model
+    from temper.trainer.distributed import DistributedTrainer, TrainerWorkerError
+    from temper.trainer.policy_trainer import PolicyTrainer
+
+    plain = PolicyTrainer(load_model("tiny"), CFG, AlgoConfig(), TOTAL_STEPS, pad_id=0)
+    plain_stats = plain.train_step(_batch(1))
+    cfg = CFG.model_copy(update={"world_size": 2, "launcher": "ray", "ray_num_cpus": 1.0})
+    ranks = DistributedTrainer(load_model("tiny"), "tiny", cfg, AlgoConfig(), TOTAL_STEPS, 0)
+    try:
+        stats = ranks.train_step(_batch(1))
+        assert _max_diff(_weights(plain.model), _weights(ranks.model)) < TOL
+        for key, value in plain_stats.items():
+            assert stats[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+        ray_cluster.kill(ranks._ranks.actors[1], no_restart=True)
+        with pytest.raises(TrainerWorkerError, match="trainer rank 1 \\(a Ray actor\\) died"):
+            ranks.train_step(_batch(2))
+    finally:
+        ranks.close()

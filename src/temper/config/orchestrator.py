@@ -76,6 +76,11 @@ class OrchestratorConfig(BaseModel):
     ray_num_cpus: float = Field(
         1.0, gt=0, description="backend=ray: Ray CPUs per rollout actor (its bundle)."
     )
+    ray_num_gpus: float = Field(
+        0.0,
+        ge=0,
+        description="backend=ray: Ray GPUs per rollout actor (fractions share one GPU).",
+    )
     rollout_workers: int = Field(
         1, ge=1, description="backend=process|ray: number of rollout worker processes or actors."
     )

@@ -82,6 +82,17 @@ class TrainerConfig(BaseModel):
         "MoE layer's experts and tokens are dispatched to them (all-to-all); needs tp = 1 and "
         "ep = world_size (the FSDP2 ranks) so far.",
     )
+    launcher: Literal["spawn", "ray"] = Field(
+        "spawn",
+        description="How world_size > 1 ranks start: spawn = processes on this host; ray = "
+        "Ray actors placed on the run's Ray cluster (needs orchestrator.backend = 'ray' or "
+        "a connected Ray; docs/scaling.md).",
+    )
+    ray_num_cpus: float = Field(1.0, gt=0, description="launcher=ray: Ray CPUs per rank.")
+    ray_num_gpus: float = Field(0.0, ge=0, description="launcher=ray: Ray GPUs per rank.")
+    ray_placement: Literal["pack", "spread"] = Field(
+        "pack", description="launcher=ray: placement-group strategy of the ranks' bundles."
+    )
     master_addr: str | None = Field(
         None,
         description="Rendezvous host of the trainer ranks: spawned ranks default to "

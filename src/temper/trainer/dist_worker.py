@@ -218,13 +218,18 @@ def join_group(rank: int, world_size: int, backend: str, init_method: str, timeo
 
 
 def make_trainer(
-    rank: int, spec: WorkerSpec, local_rank: int, local_world_size: int
+    rank: int,
+    spec: WorkerSpec,
+    local_rank: int,
+    local_world_size: int = 1,
+    threads: int | None = None,
 ) -> ShardedPolicyTrainer:
     """This rank's trainer, once it is in the process group: the model loaded, laid out
-    on the mesh, with its optimizer. ``local_*``: its place among the ranks of its host."""
+    on the mesh, with its optimizer. ``local_*``: its place among the ranks of its host;
+    ``threads``: torch threads (default: this host's cores over its ranks)."""
     from temper.models import load_model
 
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // local_world_size))
+    torch.set_num_threads(threads or max(1, (os.cpu_count() or 1) // local_world_size))
     device = torch.device("cpu")
     if spec.backend == "nccl":
         device = torch.device("cuda", local_rank)

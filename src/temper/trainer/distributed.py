@@ -22,6 +22,7 @@ all ranks and raises `TrainerWorkerError` naming the rank and the command.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import multiprocessing as mp
 import os
 import socket
@@ -31,7 +32,7 @@ import warnings
 import weakref
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -66,6 +67,17 @@ def resolve_backend(backend: str | None, world_size: int) -> str:
                 f"{torch.cuda.device_count()} visible"
             )
     return backend
+
+
+class RemoteRanks(Protocol):
+    """Trainer ranks this process did not spawn (`LaunchedRanks`, `RayTrainerRanks`)."""
+
+    #: Each rank's ``(status, value)`` from building its trainer.
+    startup: list[tuple[str, Any]]
+
+    def request(self, command: str, arg: Any) -> list[tuple[str, Any]]: ...
+    def abort(self) -> None: ...
+    def close(self) -> None: ...
 
 
 def _spawn_init_method(cfg: TrainerConfig) -> str:
@@ -125,12 +137,22 @@ class DistributedTrainer:
         )
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
-        #: Under torchrun or mpirun: this process is rank 0, the others were launched.
-        self._launched = LaunchedRanks(launch, spec) if launch is not None else None
-        if self._launched is not None:
-            self._finalizer = weakref.finalize(self, self._launched.close)
+        #: Ranks this process does not spawn: launched by torchrun or mpirun (this
+        #: process is rank 0), or Ray actors. None: spawned processes, over pipes.
+        self._ranks: RemoteRanks | None = None
+        if launch is not None:
+            launched = LaunchedRanks(launch, spec)
             if spec.sync_bucket_bytes:  # rank 0 is this process: stream into the copy itself
-                self._launched.trainer.weight_sink = dict(self.model.state_dict())
+                launched.trainer.weight_sink = dict(self.model.state_dict())
+            self._ranks = launched
+        elif cfg.launcher == "ray":
+            from temper.trainer.ray_ranks import RayTrainerRanks
+
+            # Weights come back through Ray's object store: no shared memory to stream into.
+            self._ranks = RayTrainerRanks(dataclasses.replace(spec, sync_bucket_bytes=0), cfg)
+        if self._ranks is not None:
+            self._finalizer = weakref.finalize(self, self._ranks.close)
+            self._check_replies(self._ranks.startup, "startup")
             return
         ctx = mp.get_context("spawn")  # fork would copy this process's threads and OpenMP state
         for rank in range(cfg.world_size):
@@ -232,18 +254,23 @@ class DistributedTrainer:
     def _request(self, command: str, arg: Any = None) -> list[Any]:
         if not self._finalizer.alive:
             raise TrainerWorkerError(f"the trainer ranks are stopped; cannot run {command}")
-        if self._launched is not None:
-            replies = self._launched.request(command, arg)
-            for rank, (status, value) in enumerate(replies):
-                if status == "error":
-                    self._fail(f"trainer rank {rank} failed during {command}", value)
-            return [value for _, value in replies]
+        if self._ranks is not None:
+            return self._check_replies(self._ranks.request(command, arg), command)
         for rank, conn in enumerate(self._conns):
             try:
                 conn.send((command, arg))
             except OSError as exc:
                 self._fail(f"trainer rank {rank} is gone ({exc}) before {command}")
         return self._collect(command)
+
+    def _check_replies(self, replies: list[tuple[str, Any]], command: str) -> list[Any]:
+        """The values of remote ranks' replies; raises on the first that failed."""
+        for rank, (status, value) in enumerate(replies):
+            if status == "died":
+                self._fail(value)
+            if status == "error":
+                self._fail(f"trainer rank {rank} failed during {command}", value)
+        return [value for _, value in replies]
 
     def _collect(self, command: str) -> list[Any]:
         """Each rank's reply to ``command``, in rank order; raises if one fails."""
@@ -290,6 +317,8 @@ class DistributedTrainer:
         # The other ranks may be blocked in a collective: no point asking them to close.
         if self._finalizer.detach() is not None:
             _stop(self._procs, self._conns, grace_s=0.0)
+            if self._ranks is not None:
+                self._ranks.abort()
         if worker_traceback:
             last = worker_traceback.strip().splitlines()[-1]
             message = f"{message}: {last}\n--- rank traceback ---\n{worker_traceback}"

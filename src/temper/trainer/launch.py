@@ -146,6 +146,8 @@ class LaunchedRanks:
         join_group(0, launch.world_size, spec.backend, launch.init_method, spec.timeout_s)
         dist.broadcast_object_list([spec], src=0)
         self.trainer = make_trainer(0, spec, launch.local_rank, launch.local_world_size)
+        # The other ranks report failures to build in the first command's replies.
+        self.startup: list[tuple[str, Any]] = [("ok", None)] * launch.world_size
 
     def request(self, command: str, arg: Any) -> list[tuple[str, Any]]:
         """Run ``command`` on every rank; each rank's ``(status, value)``, in rank order."""
@@ -160,6 +162,9 @@ class LaunchedRanks:
         if mine is not local:  # put rank 0's weights (None when streamed) back, unpickled
             replies[0] = (status, {**mine, "weights": weights})
         return replies
+
+    def abort(self) -> None:
+        """Nothing to do here: the launcher stops every rank when this process exits."""
 
     def close(self) -> None:
         if dist.is_initialized():

@@ -38,6 +38,7 @@ def start_ray_backend(cfg: Config, model_path: str, rollouts: Rollouts) -> Remot
         heartbeat_timeout_s=o.heartbeat_timeout_s,
         max_retries=o.max_retries,
         num_cpus=num_cpus,
+        num_gpus=o.ray_num_gpus,
         placement=placement,
     )
     return RemoteBackend(pool, ring, rollouts).started()  # type: ignore[arg-type]
