@@ -180,7 +180,8 @@ class Critic:
                 self._step(trainer, trajs, chunk, old_values, returns, acc)
                 steps += 1
         self.steps += 1
-        n = max(acc.pop("tokens"), 1.0)
+        self._features = {}  # a head's cached features: this step's only
+        n = max(acc.pop("tokens", 0.0), 1.0)
         return {
             "value_loss": (acc["loss"] / max(steps, 1), 1.0),
             "value_clip_frac": (acc["clip_tokens"] / n, n),
