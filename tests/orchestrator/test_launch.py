@@ -77,9 +77,15 @@ def _metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-def _matches_one_process(tmp_path: Path, launched: Path, ranks: int) -> None:
-    assert main(["train", f"--run.output_dir={tmp_path}", "--run.name=one", *COMMON]) == 0
-    one = tmp_path / "one"
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory) -> Path:
+    """The reference: the same run in one process (shared by the launcher tests)."""
+    out = tmp_path_factory.mktemp("one")
+    assert main(["train", f"--run.output_dir={out}", "--run.name=one", *COMMON]) == 0
+    return out / "one"
+
+
+def _matches_one_process(one: Path, launched: Path, ranks: int) -> None:
     m1, m2 = _metrics(one), _metrics(launched)
     assert [m["step"] for m in m2] == [1, 2]
     for key in ("reward_mean", "tokens_generated", "train_tokens"):
@@ -103,7 +109,7 @@ def _train_args(out: Path) -> list[str]:
 
 
 @pytest.mark.slow
-def test_two_torchrun_nodes_of_two_ranks_match_one_process(tmp_path):
+def test_two_torchrun_nodes_of_two_ranks_match_one_process(tmp_path, one_process):
     torchrun = Path(sys.executable).parent / "torchrun"
     launch = [str(torchrun), "--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
               f"--rdzv-endpoint=127.0.0.1:{_free_port()}", "--rdzv-id=temper-test"]  # fmt: skip
@@ -123,12 +129,12 @@ def test_two_torchrun_nodes_of_two_ranks_match_one_process(tmp_path):
     assert [node.returncode for node in nodes] == [0, 0], outputs[0][-3000:] + outputs[1][-3000:]
     # Exactly one node held global rank 0 and ran the run.
     assert sum("run directory:" in out for out in outputs) == 1
-    _matches_one_process(tmp_path, tmp_path / "launched", ranks=4)
+    _matches_one_process(one_process, tmp_path / "launched", ranks=4)
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="openmpi-bin (apt-packages.txt)")
-def test_mpirun_two_ranks_match_one_process(tmp_path):
+def test_mpirun_two_ranks_match_one_process(tmp_path, one_process):
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "OMPI_ALLOW_RUN_AS_ROOT": "1",
            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1"}  # fmt: skip
     cmd = ["mpirun", "-np", "2", "-x", "PATH", "-x", "TOKENIZERS_PARALLELISM", sys.executable,
@@ -136,4 +142,4 @@ def test_mpirun_two_ranks_match_one_process(tmp_path):
            f"--trainer.master_port={_free_port()}"]  # fmt: skip
     done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
-    _matches_one_process(tmp_path, tmp_path / "launched", ranks=2)
+    _matches_one_process(one_process, tmp_path / "launched", ranks=2)
