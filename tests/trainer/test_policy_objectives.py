@@ -114,8 +114,12 @@ def test_packed_loss_and_gradients_equal_the_unpacked_ones(name, loss_agg):
     assert sum(1 for rows in plan if multi_turn & set(rows)) > 1
     loss_p, grads_p, _, adv_p = _loss_grads(copy.deepcopy(base), packed, algo)
     loss_u, grads_u, _, adv_u = _loss_grads(copy.deepcopy(base), cfg, algo)
-    assert math.isfinite(loss_p) and loss_u != 0
-    assert loss_p == pytest.approx(loss_u, rel=1e-5, abs=1e-7)
+    assert math.isfinite(loss_p)
+    # With REINFORCE++'s batch-normalised advantages the on-policy loss is 0 but for
+    # rounding (terms of order 1 summed, e.g. +6e-8 against -6e-8): compare it at the
+    # fp32 floor of such sums; the gradients, which are not 0, carry the test.
+    assert loss_p == pytest.approx(loss_u, **SAME_MATH)
+    assert any(float(g.norm()) > 1e-6 for g in grads_u.values())
     for pname, g in grads_u.items():
         rel = float((grads_p[pname] - g).norm() / g.norm().clamp(min=1e-12))
         assert rel < 1e-5, (pname, rel)
