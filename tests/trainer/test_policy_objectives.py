@@ -118,7 +118,7 @@ def test_packed_loss_and_gradients_equal_the_unpacked_ones(name, loss_agg):
     # With REINFORCE++'s batch-normalised advantages the on-policy loss is 0 but for
     # rounding (terms of order 1 summed, e.g. +6e-8 against -6e-8): compare it at the
     # fp32 floor of such sums; the gradients, which are not 0, carry the test.
-    assert loss_p == pytest.approx(loss_u, **SAME_MATH)
+    assert loss_p == pytest.approx(loss_u, rel=1e-5, abs=1e-5)
     assert any(float(g.norm()) > 1e-6 for g in grads_u.values())
     for pname, g in grads_u.items():
         rel = float((grads_p[pname] - g).norm() / g.norm().clamp(min=1e-12))
