@@ -19,6 +19,22 @@ import torch
 PolicyLossName = Literal["ppo", "gspo", "cispo"]
 
 
+def _per_token(
+    logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(advantages as ``[B, T]``, the mask as bool and as floats, zeros): what every
+    objective here starts from; ``advantages`` may be one per sequence, ``[B]``."""
+    if advantages.dim() == 1:
+        advantages = advantages[:, None]
+    valid = mask.bool()
+    return (
+        advantages.expand_as(logprobs),
+        valid,
+        valid.to(logprobs.dtype),
+        torch.zeros_like(logprobs),
+    )
+
+
 def _masked_mean(values: torch.Tensor, maskf: torch.Tensor) -> torch.Tensor:
     return (values * maskf).sum() / maskf.sum().clamp(min=1)
 
@@ -76,12 +92,7 @@ def gspo_loss(
     """
     if clip_low < 0 or clip_high < 0 or clip_low >= 1:
         raise ValueError(f"need 0 <= clip_low < 1 and clip_high >= 0, got {clip_low}, {clip_high}")
-    if advantages.dim() == 1:
-        advantages = advantages[:, None]
-    advantages = advantages.expand_as(logprobs)
-    valid = mask.bool()
-    maskf = valid.to(logprobs.dtype)
-    zeros = torch.zeros_like(logprobs)
+    advantages, valid, maskf, zeros = _per_token(logprobs, advantages, mask)
     tokens = maskf.sum(dim=-1, keepdim=True)
     log_ratio = torch.where(valid, logprobs - old_logprobs, zeros)
     seq_log_ratio = log_ratio.sum(dim=-1, keepdim=True) / tokens.clamp(min=1)  # [B, 1]
@@ -140,12 +151,7 @@ def cispo_loss(
     """
     if clip_low < 0 or clip_high < 0:
         raise ValueError(f"clip bounds must be >= 0, got low={clip_low}, high={clip_high}")
-    if advantages.dim() == 1:
-        advantages = advantages[:, None]
-    advantages = advantages.expand_as(logprobs)
-    valid = mask.bool()
-    maskf = valid.to(logprobs.dtype)
-    zeros = torch.zeros_like(logprobs)
+    advantages, valid, maskf, zeros = _per_token(logprobs, advantages, mask)
     floor, cap = max(0.0, 1.0 - clip_low), 1.0 + clip_high
     with torch.no_grad():
         ratio = torch.exp(torch.where(valid, logprobs - old_logprobs, zeros))
