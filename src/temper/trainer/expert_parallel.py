@@ -125,15 +125,16 @@ def moe_load(model: torch.nn.Module) -> Iterator[list[torch.Tensor]]:
     (``[E]``, counted over all k choices) to the yielded list."""
     counts: list[torch.Tensor] = []
     handles = []
-    for m in expert_modules(model):
-        parent = next((p for p in model.modules() if getattr(p, "experts", None) is m), None)
-        router = getattr(parent, "gate", None)
-        if router is None:
+    for block in model.modules():  # an MoE block holds its experts and its router
+        experts, router = getattr(block, "experts", None), getattr(block, "gate", None)
+        if router is None or not isinstance(experts, torch.nn.Module):
             continue
-        experts = m.num_experts
+        if not isinstance(getattr(experts, "gate_up_proj", None), torch.nn.Parameter):
+            continue
+        n = experts.num_experts
 
-        def hook(_mod, _args, out, experts=experts):
-            counts.append(torch.bincount(out[-1].reshape(-1).detach().cpu(), minlength=experts))
+        def hook(_mod, _args, out, n=n):
+            counts.append(torch.bincount(out[-1].reshape(-1).detach().cpu(), minlength=n))
 
         handles.append(router.register_forward_hook(hook))
     try:

@@ -129,6 +129,8 @@ class PolicyTrainer:
             ref_model.eval().requires_grad_(False)
         optimizer_steps = total_steps * cfg.ppo_epochs * cfg.mini_batches
         self.optimizer, self.scheduler = build_optimizer(model, cfg, optimizer_steps)
+        #: MoE layers of the model (0 for a dense one), for the load metrics each step.
+        self._moe_layers = len(expert_modules(model))
 
     def _autocast(self) -> contextlib.AbstractContextManager:
         if self.precision == "bf16":
@@ -199,8 +201,7 @@ class PolicyTrainer:
             return {}
         with moe_load(self.model) as counts:
             metrics = self._train_step(trajs)
-        layers = len(expert_modules(self.model))
-        return {**metrics, **moe_metrics(counts, layers, self._reduce_sums)}
+        return {**metrics, **moe_metrics(counts, self._moe_layers, self._reduce_sums)}
 
     def _train_step(self, trajs: list[Trajectory]) -> dict[str, float]:
         self.model.train()
