@@ -17,8 +17,10 @@ def summed_loss_and_grads(
     acc, loss, kinds = defaultdict(float), 0.0, set()
     plan = trainer._plan(trajs)
     for rows in plan:
-        kinds.add(type(trainer._collate(trajs, rows)))
-        part = trainer._micro_batch_loss(trajs, rows, old, None, totals, acc, token_adv)
+        mb = trainer._collate(trajs, rows)
+        kinds.add(type(mb))
+        logits = trainer._forward_logits(trainer.model, mb)
+        part = trainer._loss(mb, logits, trajs, rows, old, None, totals, acc, token_adv)
         part.backward()
         loss += float(part.detach())
     return loss, {n: p.grad.clone() for n, p in trainer.model.named_parameters()}, kinds, plan

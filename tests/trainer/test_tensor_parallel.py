@@ -104,5 +104,5 @@ def test_tp_that_does_not_divide_the_heads_is_one_config_error():
 
 
 def test_world_size_must_be_a_multiple_of_tp():
-    with pytest.raises(ValueError, match=r"not a multiple of trainer\.tp = 2"):
+    with pytest.raises(ValueError, match=r"not a multiple of trainer\.tp x trainer\.pp = 2"):
         TrainerConfig(world_size=3, tp=2)

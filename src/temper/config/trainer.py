@@ -75,6 +75,20 @@ class TrainerConfig(BaseModel):
         "splits of every decoder layer); world_size / tp ranks shard data and parameters "
         "with FSDP2 (docs/scaling.md).",
     )
+    pp: int = Field(
+        1,
+        ge=1,
+        description="Pipeline-parallel degree within world_size: the decoder layers split "
+        "into pp stages, micro-batches flowing through them on pp_schedule; needs packing "
+        "(one activation shape per micro-batch). world_size / (pp x tp) ranks shard data "
+        "and parameters with FSDP2 (docs/scaling.md).",
+    )
+    pp_schedule: Literal["1f1b", "gpipe"] = Field(
+        "1f1b",
+        description="pp > 1: the pipeline schedule, torch.distributed.pipelining's "
+        "Schedule1F1B (a stage holds at most pp micro-batches' activations; at least pp "
+        "micro-batches run) or ScheduleGPipe (all forwards, then all backwards).",
+    )
     ep: int = Field(
         1,
         ge=1,
@@ -126,10 +140,21 @@ class TrainerConfig(BaseModel):
 
     @model_validator(mode="after")
     def _tp_divides_world_size(self) -> TrainerConfig:
-        if self.world_size % self.tp:
+        if self.world_size % (self.tp * self.pp):
             raise ValueError(
-                f"trainer.world_size = {self.world_size} is not a multiple of trainer.tp = "
-                f"{self.tp} (world_size counts every rank: dp_shard x tp)"
+                f"trainer.world_size = {self.world_size} is not a multiple of trainer.tp x "
+                f"trainer.pp = {self.tp * self.pp} (world_size counts every rank: "
+                "pp x dp_shard x tp)"
+            )
+        if self.pp > 1 and not self.packing:
+            raise ValueError(
+                f"trainer.pp = {self.pp} trains packed rows: set trainer.packing = true "
+                "(every micro-batch must have one activation shape for the pipeline stages)"
+            )
+        if self.pp > 1 and (self.ep > 1 or self.launcher != "spawn"):
+            raise ValueError(
+                f"trainer.pp = {self.pp} runs with trainer.ep = 1 and trainer.launcher = "
+                f"'spawn' so far; got ep = {self.ep}, launcher = '{self.launcher}'"
             )
         if self.ep > 1 and (self.tp > 1 or self.ep != self.world_size):
             raise ValueError(

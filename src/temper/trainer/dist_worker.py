@@ -50,6 +50,7 @@ from temper.rollout.trajectory import Trajectory
 from temper.trainer.batching import MicroBatch, collate
 from temper.trainer.packing import PackedMicroBatch, collate_packed, shard_by_tokens
 from temper.trainer.parallel import build_mesh, clip_grad_norm, parallelize
+from temper.trainer.pipeline import StageModel, run_pipeline, tie_groups
 from temper.trainer.policy_trainer import PolicyTrainer
 from temper.trainer.weight_stream import stream_weights
 
@@ -90,11 +91,19 @@ class ShardedPolicyTrainer(PolicyTrainer):
         self.sync_bucket_bytes = spec.sync_bucket_bytes
         #: Rank 0, streaming: the run's CPU copy of the weights, written in place.
         self.weight_sink: dict[str, torch.Tensor] | None = None
-        self.mesh = build_mesh(spec.world_size, spec.cfg.tp, device.type)
-        # Rows are split over dp_shard; the tp ranks of one dp_shard coordinate share them.
+        self.mesh = build_mesh(spec.world_size, spec.cfg.tp, device.type, spec.cfg.pp)
+        # Rows are split over dp_shard; the tp ranks (and pipeline stages) of one dp_shard
+        # coordinate share them.
         self.dp_rank = self.mesh.get_local_rank("dp_shard")
         self.dp_size = self.mesh["dp_shard"].size()
-        self._dp_group = self.mesh["dp_shard"].get_group()
+        #: Metric sums add up over these groups, in order (`_reduce_sums`).
+        self._sum_groups = [self.mesh["dp_shard"].get_group()]
+        #: Whether this rank writes its weights into the run's copy (`_full_weights`):
+        #: rank 0, and with pipeline stages the first rank of each.
+        self.writes_weights = self.dp_rank == 0 and self.mesh.get_local_rank("tp") == 0
+        #: Fewest micro-batches per mini-batch (a 1F1B pipeline needs one per stage).
+        self.min_micro_batches = 1
+        model = self._stage(model, spec.cfg)
         model.to(device)
         parallelize(model, self.mesh, spec.cfg.ep)  # before the optimizer: AdamW holds shards
         if ref_model is not None:
@@ -102,6 +111,10 @@ class ShardedPolicyTrainer(PolicyTrainer):
         super().__init__(
             model, spec.cfg, spec.algo, spec.total_steps, spec.pad_id, ref_model=ref_model
         )
+
+    def _stage(self, model: torch.nn.Module, cfg: TrainerConfig) -> torch.nn.Module:
+        """The part of ``model`` this rank holds: all of it (pipeline stages override)."""
+        return model
 
     def _shard(self, trajs: list[Trajectory], chunk: list[int]) -> list[int]:
         """This rank's rows of the mini-batch; a group's shared prompt stays on one rank.
@@ -117,7 +130,7 @@ class ShardedPolicyTrainer(PolicyTrainer):
     def _plan(self, trajs: list[Trajectory]) -> list[list[int]]:
         """The local plan, padded with empty micro-batches to the longest plan of any rank."""
         plan = super()._plan(trajs) if trajs else []
-        count = torch.tensor([len(plan)], dtype=torch.long, device=self.device)
+        count = torch.tensor([max(len(plan), self.min_micro_batches)], device=self.device)
         dist.all_reduce(count, op=dist.ReduceOp.MAX)
         return plan + [[] for _ in range(int(count.item()) - len(plan))]
 
@@ -148,20 +161,23 @@ class ShardedPolicyTrainer(PolicyTrainer):
     def _reduce_sums(self, acc: dict[str, float]) -> dict[str, float]:
         # A rank that ran only empty micro-batches may lack keys (stats logged only for
         # real tokens): agree on the union, a missing sum counting 0 and a missing max -inf.
-        # Summed over dp_shard only: the tp ranks of one coordinate hold the same rows.
-        gathered: list[Any] = [None] * self.dp_size
-        dist.all_gather_object(gathered, sorted(acc), group=self._dp_group)
-        keys = sorted(set().union(*gathered))
-        out: dict[str, float] = {}
-        for op, names, missing in (
-            (dist.ReduceOp.SUM, [k for k in keys if not k.endswith("_max")], 0.0),
-            (dist.ReduceOp.MAX, [k for k in keys if k.endswith("_max")], -math.inf),
-        ):
-            values = [acc.get(k, missing) for k in names]
-            tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
-            dist.all_reduce(tensor, op=op, group=self._dp_group)
-            out.update(zip(names, tensor.tolist(), strict=True))
-        return out
+        # Summed over dp_shard (the tp ranks of one coordinate hold the same rows), then
+        # over the pipeline stages (only the last computes the loss and its stats).
+        for group in self._sum_groups:
+            gathered: list[Any] = [None] * dist.get_world_size(group)
+            dist.all_gather_object(gathered, sorted(acc), group=group)
+            keys = sorted(set().union(*gathered))
+            out: dict[str, float] = {}
+            for op, names, missing in (
+                (dist.ReduceOp.SUM, [k for k in keys if not k.endswith("_max")], 0.0),
+                (dist.ReduceOp.MAX, [k for k in keys if k.endswith("_max")], -math.inf),
+            ):
+                values = [acc.get(k, missing) for k in names]
+                tensor = torch.tensor(values, dtype=torch.float64, device=self.device)
+                dist.all_reduce(tensor, op=op, group=group)
+                out.update(zip(names, tensor.tolist(), strict=True))
+            acc = out
+        return acc
 
     def _clip_grads(self) -> float:
         if self.mesh["tp"].size() > 1 or self.cfg.ep > 1:  # DTensors of mixed meshes/placements
@@ -170,6 +186,73 @@ class ShardedPolicyTrainer(PolicyTrainer):
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
         return float(norm)
+
+
+class PipelinedPolicyTrainer(ShardedPolicyTrainer):
+    """`ShardedPolicyTrainer` on one pipeline stage (`temper.trainer.pipeline`): its
+    micro-batches run through the pipeline schedule rather than one by one."""
+
+    def _stage(self, model: torch.nn.Module, cfg: TrainerConfig) -> torch.nn.Module:
+        pp = self.mesh["pp"].size()
+        stage = StageModel(model, self.mesh.get_local_rank("pp"), pp)
+        self._sum_groups.append(self.mesh["pp"].get_group())
+        self.min_micro_batches = pp if cfg.pp_schedule == "1f1b" else 1
+        #: The group of a tied embedding's two copies (first and last stage), if any.
+        self._tie_group = tie_groups(self.mesh) if stage.tied else None
+        return stage
+
+    def _backward(
+        self,
+        trajs: list[Trajectory],
+        mine: list[int],
+        old: dict[int, torch.Tensor] | None,
+        ref: dict[int, torch.Tensor] | None,
+        totals: tuple[float, float],
+        acc: dict[str, float],
+        token_adv: dict[int, torch.Tensor] | None,
+    ) -> None:
+        row_sets = [[mine[j] for j in idx] for idx in self._plan([trajs[i] for i in mine])]
+        mbs = [self._collate(trajs, rows) for rows in row_sets]
+
+        def loss_fn(logits: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+            k = int(index[0])
+            return self._loss(mbs[k], logits, trajs, row_sets[k], old, ref, totals, acc, token_adv)
+
+        run_pipeline(self.model, mbs, self.mesh, self.cfg.pp_schedule, self.pad_id, loss_fn)
+        self._sync_tied()
+
+    @torch.no_grad()
+    def _logprobs_no_grad(
+        self, model: torch.nn.Module, trajs: list[Trajectory], rows: list[int] | None = None
+    ) -> dict[int, torch.Tensor]:
+        if model is not self.model:  # the reference model, whole on every rank
+            return super()._logprobs_no_grad(model, trajs, rows)
+        rows = list(range(len(trajs))) if rows is None else rows
+        row_sets = [[rows[j] for j in idx] for idx in self._plan([trajs[i] for i in rows])]
+        mbs = [self._collate(trajs, r) for r in row_sets]
+        outs = run_pipeline(self.model, mbs, self.mesh, self.cfg.pp_schedule, self.pad_id, None)
+        result: dict[int, torch.Tensor] = {}
+        for mb, batch_rows, out in zip(mbs, row_sets, outs, strict=False):
+            per_row = mb.to_rows(out)
+            for k, i in enumerate(batch_rows):
+                result[i] = per_row[k]
+        return result
+
+    def _sync_tied(self) -> None:
+        """Sum a tied embedding's gradient over its first- and last-stage copies."""
+        if self._tie_group is None:
+            return
+        grad = self.model.model.embed_tokens.weight.grad
+        if grad is not None:
+            local = grad.to_local() if isinstance(grad, DTensor) else grad
+            dist.all_reduce(local, group=self._tie_group)
+
+    def _clip_grads(self) -> float:
+        params = list(self.model.parameters())
+        counted = params
+        if self.model.tied and self.model.is_last and not self.model.is_first:
+            counted = [p for p in params if p is not self.model.model.embed_tokens.weight]
+        return clip_grad_norm(params, self.cfg.grad_clip, counted, self.mesh["pp"].get_group())
 
 
 def _widen_responses(mb: MicroBatch, width: int) -> MicroBatch:
@@ -236,7 +319,8 @@ def make_trainer(
         torch.cuda.set_device(device)
     model = load_model(spec.model_path, dtype=torch.float32)
     ref = load_model(spec.ref_path, dtype=torch.float32) if spec.ref_path else None
-    return ShardedPolicyTrainer(model, spec, rank, device, ref_model=ref)
+    cls = PipelinedPolicyTrainer if spec.cfg.pp > 1 else ShardedPolicyTrainer
+    return cls(model, spec, rank, device, ref_model=ref)
 
 
 def _full_weights(trainer: ShardedPolicyTrainer) -> dict[str, torch.Tensor] | None:
@@ -244,9 +328,9 @@ def _full_weights(trainer: ShardedPolicyTrainer) -> dict[str, torch.Tensor] | No
     rank 0's sink bucket by bucket (returns None), or, with no bucket size, the full
     state dict on CPU, returned by rank 0 only."""
     if trainer.sync_bucket_bytes > 0:
-        sink = trainer.weight_sink if trainer.rank == 0 else None
-        if trainer.rank == 0 and sink is None:
-            raise RuntimeError("rank 0 has no weight sink to stream into (attach_sink)")
+        sink = trainer.weight_sink if trainer.writes_weights else None
+        if trainer.writes_weights and sink is None:
+            raise RuntimeError(f"rank {trainer.rank} has no weight sink to stream into")
         stream_weights(trainer.model, sink, trainer.sync_bucket_bytes)
         return None
     weights = get_model_state_dict(trainer.model, options=FULL_CPU)
@@ -254,8 +338,9 @@ def _full_weights(trainer: ShardedPolicyTrainer) -> dict[str, torch.Tensor] | No
 
 
 def _attach_sink(trainer: ShardedPolicyTrainer, sink: dict[str, torch.Tensor] | None) -> None:
-    """Rank 0 keeps the run's shared-memory copy of the weights to stream into."""
-    if trainer.rank == 0:
+    """Rank 0 (with pipeline stages, each stage's first rank) keeps the run's
+    shared-memory copy of the weights to stream into."""
+    if trainer.writes_weights:
         trainer.weight_sink = sink
 
 

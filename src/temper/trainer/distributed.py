@@ -46,6 +46,7 @@ from temper.trainer.expert_parallel import check_ep
 from temper.trainer.launch import Launch, LaunchedRanks, check_world_size, detect_launch
 from temper.trainer.optim import build_optimizer
 from temper.trainer.parallel import check_tp
+from temper.trainer.pipeline import check_pp
 from temper.trainer.weight_stream import share_sink
 
 
@@ -119,6 +120,14 @@ class DistributedTrainer:
             check_tp(model.config, cfg.tp)
         if cfg.ep > 1:
             check_ep(model, cfg.ep)
+        if cfg.pp > 1:
+            check_pp(model, cfg.pp)
+            if algo.advantage == "reinforce_pp" or cfg.weight_sync_bucket_mb == 0:
+                raise ConfigError(
+                    f"trainer.pp = {cfg.pp} needs weight_sync_bucket_mb > 0 and an advantage "
+                    "other than 'reinforce_pp' so far (its per-token returns need the "
+                    "reference and old logprobs on every stage)"
+                )
         spec = WorkerSpec(
             model_path=model_path,
             ref_path=ref_path if algo.uses_reference else None,
@@ -171,8 +180,10 @@ class DistributedTrainer:
         self._collect("startup")
         if spec.sync_bucket_bytes:  # rank 0 streams into this copy, moved to shared memory
             sink = share_sink(self.model)
+            # With pipeline stages, the first rank of each stage writes that stage's part.
+            writers = range(0, cfg.world_size, cfg.world_size // cfg.pp)
             for rank, conn in enumerate(self._conns):
-                conn.send(("attach_sink", sink if rank == 0 else None))
+                conn.send(("attach_sink", sink if rank in writers else None))
             self._collect("attach_sink")
 
     # --- the PolicyTrainer interface -------------------------------------------------

@@ -320,6 +320,35 @@ def collate_packed(
     )
 
 
+def pad_packed(mb: PackedMicroBatch, width: int, pad_id: int) -> PackedMicroBatch:
+    """``mb`` with its row right-padded to ``width`` tokens: the padding is one more
+    segment that attends only to itself and predicts nothing, so the logits of the
+    real tokens are unchanged. (Pipeline stages need one activation shape for every
+    micro-batch.)"""
+    length = mb.input_ids.shape[1]
+    extra = width - length
+    if extra < 0:
+        raise ValueError(f"a packed row of {length} tokens does not fit in {width}")
+    if extra == 0:
+        return mb
+    layout = mb.layout
+    pad_keys = torch.arange(length, width, dtype=layout.key_index.dtype)
+    return dataclasses.replace(
+        mb,
+        input_ids=torch.nn.functional.pad(mb.input_ids, (0, extra), value=pad_id),
+        position_ids=torch.cat(
+            (mb.position_ids, torch.arange(extra, dtype=mb.position_ids.dtype)[None]), dim=1
+        ),
+        layout=PackedLayout(
+            key_index=torch.cat((layout.key_index, pad_keys)),
+            cu_q=torch.cat((layout.cu_q, layout.cu_q.new_tensor([width]))),
+            cu_k=torch.cat((layout.cu_k, layout.cu_k.new_tensor([len(layout.key_index) + extra]))),
+            max_q=max(layout.max_q, extra),
+            max_k=max(layout.max_k, extra),
+        ),
+    )
+
+
 # --- the forward ------------------------------------------------------------------------
 
 
@@ -385,7 +414,7 @@ AttentionInterface.register(ATTENTION_NAME, packed_attention)
 
 
 @contextlib.contextmanager
-def _attention_implementation(model: torch.nn.Module, name: str) -> Iterator[None]:
+def attention_implementation(model: torch.nn.Module, name: str) -> Iterator[None]:
     config = model.config
     before = config._attn_implementation
     config._attn_implementation = name
@@ -398,7 +427,7 @@ def _attention_implementation(model: torch.nn.Module, name: str) -> Iterator[Non
 def packed_logits(model: torch.nn.Module, mb: PackedMicroBatch) -> torch.Tensor:
     """Float32 logits ``[N, vocab]``, one row per response token (``mb.targets``), flat;
     the same numbers `temper.trainer.forward.response_logits` gives as ``[B, R, vocab]``."""
-    with _attention_implementation(model, ATTENTION_NAME):
+    with attention_implementation(model, ATTENTION_NAME):
         logits = model(
             input_ids=mb.input_ids,
             position_ids=mb.position_ids,

@@ -1,9 +1,11 @@
-"""The sharded trainer's layout: one DeviceMesh (dp_shard x tp) and the plans applied on it.
+"""The sharded trainer's layout: one DeviceMesh (pp x dp_shard x tp) and the plans on it.
 
-``trainer.world_size = N`` ranks form a 2-D mesh ``(dp_shard, tp)`` with
-``tp = trainer.tp`` and ``dp_shard = N / tp`` (`build_mesh`). Ranks that share a
-``dp_shard`` coordinate hold the same rows of every batch; ``tp`` ranks split each
-layer between them.
+``trainer.world_size = N`` ranks form a 3-D mesh ``(pp, dp_shard, tp)`` with
+``pp = trainer.pp``, ``tp = trainer.tp`` and ``dp_shard = N / (pp * tp)``
+(`build_mesh`). A ``pp`` coordinate holds one pipeline stage, a slice of the
+decoder layers (`temper.trainer.pipeline`); ranks that share a ``dp_shard``
+coordinate hold the same rows of every batch; ``tp`` ranks split each layer
+between them.
 
 `parallelize` applies, in torchtitan's order, tensor parallelism to every
 decoder layer (`tp_plan`: Megatron's column-wise q/k/v and gate/up projections,
@@ -29,6 +31,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.tensor import DTensor
@@ -52,13 +55,22 @@ COLWISE = (
 ROWWISE = ("self_attn.o_proj", "mlp.down_proj")
 
 
-def build_mesh(world_size: int, tp: int, device_type: str) -> DeviceMesh:
-    """The ``(dp_shard, tp)`` mesh over the default process group's ranks."""
-    if world_size % tp:
+def build_mesh(world_size: int, tp: int, device_type: str, pp: int = 1) -> DeviceMesh:
+    """The ``(pp, dp_shard, tp)`` mesh over the default process group's ranks."""
+    if world_size % (tp * pp):
         raise ConfigError(
-            f"trainer.world_size = {world_size} is not a multiple of trainer.tp = {tp}"
+            f"trainer.world_size = {world_size} is not a multiple of trainer.tp x trainer.pp "
+            f"= {tp * pp}"
         )
-    return init_device_mesh(device_type, (world_size // tp, tp), mesh_dim_names=("dp_shard", "tp"))
+    return init_device_mesh(
+        device_type, (pp, world_size // (tp * pp), tp), mesh_dim_names=("pp", "dp_shard", "tp")
+    )
+
+
+def decoder_layers(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The decoder layers a model (or a pipeline stage of one) holds, in order."""
+    layers = model.model.layers
+    return list(layers.values() if isinstance(layers, torch.nn.ModuleDict) else layers)
 
 
 def check_tp(config: object, tp: int) -> None:
@@ -104,11 +116,11 @@ def parallelize(model: torch.nn.Module, mesh: DeviceMesh, ep: int = 1) -> None:
     tp, dp = mesh["tp"], mesh["dp_shard"]
     if tp.size() > 1:
         check_tp(model.config, tp.size())
-        for layer in model.model.layers:
+        for layer in decoder_layers(model):
             parallelize_module(layer, tp, tp_plan(layer))
     experts = shard_experts(model, dp) if ep > 1 else set()
     if dp.size() > 1:
-        for layer in model.model.layers:
+        for layer in decoder_layers(model):
             fully_shard(layer, mesh=dp, ignored_params=experts)
         fully_shard(model, mesh=dp, ignored_params=experts)
         for module in model.modules():
@@ -117,18 +129,33 @@ def parallelize(model: torch.nn.Module, mesh: DeviceMesh, ep: int = 1) -> None:
                 module.set_force_sum_reduction_for_comms(True)
 
 
-def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
+def clip_grad_norm(
+    params: list[torch.nn.Parameter],
+    max_norm: float,
+    counted: list[torch.nn.Parameter] | None = None,
+    stages: dist.ProcessGroup | None = None,
+) -> float:
     """Scale gradients so their global L2 norm is at most ``max_norm``; returns the norm
     before clipping (inf or NaN left unscaled). DTensor gradients contribute their full
-    tensor's norm, each once, whatever their placements."""
+    tensor's norm, each once, whatever their placements.
+
+    Pipeline stages: ``stages`` is the group of this rank's peers on the other stages,
+    whose squared norms are added in; ``counted`` (default: ``params``) are the
+    parameters this stage counts (a tied embedding held by two stages counts once)."""
     grads = [p.grad for p in params if p.grad is not None]
-    total_sq = 0.0
-    for g in grads:
-        norm = torch.linalg.vector_norm(g.detach(), dtype=torch.float64)
+    counted_ids = {id(p) for p in (params if counted is None else counted)}
+    total_sq = torch.zeros((), dtype=torch.float64, device=grads[0].device if grads else None)
+    for p in params:
+        if p.grad is None:
+            continue
+        norm = torch.linalg.vector_norm(p.grad.detach(), dtype=torch.float64)
         if isinstance(norm, DTensor):
-            norm = norm.full_tensor()
-        total_sq += float(norm) ** 2
-    total = math.sqrt(total_sq)
+            norm = norm.full_tensor()  # a collective: every rank of the mesh runs it
+        if id(p) in counted_ids:
+            total_sq += norm**2
+    if stages is not None:
+        dist.all_reduce(total_sq, group=stages)
+    total = math.sqrt(float(total_sq))
     if math.isfinite(total) and total > max_norm:
         coef = max_norm / (total + 1e-6)
         for g in grads:

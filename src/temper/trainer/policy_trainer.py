@@ -298,11 +298,7 @@ class PolicyTrainer:
         totals = (float(sum(t.num_policy_tokens for t in batch)), float(len(batch)))
         acc: dict[str, float] = defaultdict(float)
         self.optimizer.zero_grad(set_to_none=True)
-        mine = self._shard(trajs, chunk)
-        for idx in self._plan([trajs[i] for i in mine]):
-            rows = [mine[j] for j in idx]
-            loss = self._micro_batch_loss(trajs, rows, old, ref, totals, acc, token_adv)
-            loss.backward()
+        self._backward(trajs, self._shard(trajs, chunk), old, ref, totals, acc, token_adv)
         acc = self._reduce_sums(dict(acc))
         grad_norm = self._clip_grads()
         lr = self.scheduler.get_last_lr()[0]
@@ -313,8 +309,28 @@ class PolicyTrainer:
             return _sft_stats(acc, totals[0], grad_norm, lr)
         return self._step_stats(acc, totals[0], grad_norm, lr, ref is not None)
 
-    def _micro_batch_loss(
+    def _backward(
         self,
+        trajs: list[Trajectory],
+        mine: list[int],
+        old: dict[int, torch.Tensor] | None,
+        ref: dict[int, torch.Tensor] | None,
+        totals: tuple[float, float],
+        acc: dict[str, float],
+        token_adv: dict[int, torch.Tensor] | None,
+    ) -> None:
+        """Accumulate the gradients of rows ``mine`` of a mini-batch, micro-batch by
+        micro-batch (a seam: pipeline parallelism runs them through its schedule)."""
+        for idx in self._plan([trajs[i] for i in mine]):
+            rows = [mine[j] for j in idx]
+            mb = self._collate(trajs, rows)
+            logits = self._forward_logits(self.model, mb)
+            self._loss(mb, logits, trajs, rows, old, ref, totals, acc, token_adv).backward()
+
+    def _loss(
+        self,
+        mb: MicroBatch | PackedMicroBatch,
+        logits: torch.Tensor,
         trajs: list[Trajectory],
         rows: list[int],
         old: dict[int, torch.Tensor] | None,
@@ -323,14 +339,13 @@ class PolicyTrainer:
         acc: dict[str, float],
         token_adv: dict[int, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """The loss of micro-batch ``rows`` (summable across micro-batches); adds to ``acc``.
+        """The loss of micro-batch ``mb`` (rows ``rows``) from its ``logits``, summable
+        across micro-batches; adds its stats to ``acc``.
 
         ``token_adv``: per-token advantages by row (full REINFORCE++), replacing the
         trajectories' own."""
         if self.cfg.mode != "rl":
-            return self._sft_loss(trajs, rows, totals, acc)
-        mb = self._collate(trajs, rows)
-        logits = self._forward_logits(self.model, mb)
+            return self._sft_loss(mb, logits, totals, acc)
         logprobs = mb.to_rows(token_logprobs(logits, mb.targets))
         fresh = [(row, trajs[i]) for row, i in enumerate(rows) if trajs[i].trainer_logprobs is None]
         if fresh:  # first pass: the weights the engine sampled with; one copy to host
@@ -387,15 +402,14 @@ class PolicyTrainer:
 
     def _sft_loss(
         self,
-        trajs: list[Trajectory],
-        rows: list[int],
+        mb: MicroBatch | PackedMicroBatch,
+        logits: torch.Tensor,
         totals: tuple[float, float],
         acc: dict[str, float],
     ) -> torch.Tensor:
-        """Negative log-likelihood of the loss-masked tokens of ``rows``, over the
+        """Negative log-likelihood of the loss-masked tokens of ``mb``, over the
         mini-batch's token count ``totals[0]`` (so micro-batches add up to its mean)."""
-        mb = self._collate(trajs, rows)
-        logprobs = mb.to_rows(token_logprobs(self._forward_logits(self.model, mb), mb.targets))
+        logprobs = mb.to_rows(token_logprobs(logits, mb.targets))
         loss = aggregate_loss(-logprobs, mb.loss_mask, "token-mean", total_tokens=totals[0])
         acc["loss"] += float(loss.detach())
         return loss
