@@ -22,7 +22,7 @@ from temper.models import load_model, load_tokenizer
 from temper.rollout.trajectory import Trajectory
 from temper.trainer.checkpoint import load_checkpoint_state, restore_trainer, save_checkpoint
 from temper.trainer.distributed import DistributedTrainer
-from temper.trainer.packing import collate_packed, pad_packed, packed_logits
+from temper.trainer.packing import collate_packed, packed_logits, pad_packed
 from temper.trainer.pipeline import stage_layers
 from temper.trainer.policy_trainer import PolicyTrainer
 
@@ -125,16 +125,17 @@ def test_stages_split_the_layers_contiguously_and_whole():
         assert max(map(len, parts)) - min(map(len, parts)) <= 1
 
 
+def _trajectory(response: list[int]) -> Trajectory:
+    n = len(response)
+    return Trajectory(
+        task_id="t", group_id=0, prompt_ids=[5, 6, 7], response_ids=response, loss_mask=[1] * n,
+        behaviour_logprobs=[0.0] * n, versions=[0] * n, finish_reason="stop",
+    )  # fmt: skip
+
+
 def test_a_padded_packed_row_gives_the_same_logits():
     model = load_model("tiny").eval()
-    trajs = [
-        Trajectory(
-            task_id=str(i), group_id=0, prompt_ids=[5, 6, 7], response_ids=r,
-            loss_mask=[1] * len(r), behaviour_logprobs=[0.0] * len(r), versions=[0] * len(r),
-            finish_reason="stop",
-        )  # fmt: skip
-        for i, r in enumerate(([8, 9, 10], [11, 12]))
-    ]
+    trajs = [_trajectory(r) for r in ([8, 9, 10], [11, 12])]
     mb = collate_packed(trajs, [0, 1], pad_id=0)
     padded = pad_packed(mb, mb.input_ids.shape[1] + 5, pad_id=0)
     assert padded.input_ids.shape[1] == mb.input_ids.shape[1] + 5
