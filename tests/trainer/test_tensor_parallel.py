@@ -1,7 +1,8 @@
 """Tensor parallelism (``trainer.tp``) on gloo, against the one-process trainer.
 
 One module-scoped scenario runs, beside a `PolicyTrainer`: TP2 (two ranks, one
-dp_shard coordinate) and FSDP2 x TP2 (four ranks) for one step each, then a DCP
+dp_shard coordinate) and FSDP2 x TP2 with sequence parallelism (four ranks) for
+one step each, then a DCP
 checkpoint written by the four ranks resumed in three other layouts (one
 process, FSDP2 on two ranks, TP2) for a second step. Every update must equal
 the one-process update within 1e-5 (fp32), and the metrics with it.
@@ -20,8 +21,10 @@ from temper.trainer.policy_trainer import PolicyTrainer
 pytestmark = pytest.mark.slow
 
 
-def _dist(world_size: int, tp: int) -> DistributedTrainer:
-    cfg = CFG.model_copy(update={"world_size": world_size, "tp": tp})
+def _dist(world_size: int, tp: int, sequence_parallel: bool = False) -> DistributedTrainer:
+    cfg = CFG.model_copy(
+        update={"world_size": world_size, "tp": tp, "sequence_parallel": sequence_parallel}
+    )
     return DistributedTrainer(load_model("tiny"), "tiny", cfg, AlgoConfig(), TOTAL_STEPS, 0)
 
 
@@ -39,7 +42,7 @@ def scenario(tmp_path_factory):
     try:
         r["tp2_stats1"] = tp2.train_step(_batch(1))
         r["tp2_w1"] = _weights(tp2.model)
-        dp2tp2 = _dist(4, 2)
+        dp2tp2 = _dist(4, 2, sequence_parallel=True)
         try:
             r["dp2tp2_stats1"] = dp2tp2.train_step(_batch(1))
             r["dp2tp2_w1"] = _weights(dp2tp2.model)
@@ -106,3 +109,64 @@ def test_tp_that_does_not_divide_the_heads_is_one_config_error():
 def test_world_size_must_be_a_multiple_of_tp():
     with pytest.raises(ValueError, match=r"not a multiple of trainer\.tp x trainer\.pp = 2"):
         TrainerConfig(world_size=3, tp=2)
+
+
+def _sequence_parallel_rank(rank: int, port: int, out: dict) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor, Shard
+
+    from temper.trainer.parallel import build_mesh, parallelize
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        torch.manual_seed(0)
+        ids = torch.randint(3, 700, (2, 9))
+        plain = load_model("tiny").eval()
+        model = load_model("tiny").eval()
+        parallelize(model, build_mesh(2, 2, "cpu"), sequence_parallel=True)
+        seen = []
+        norm = model.model.layers[1].input_layernorm
+        norm.register_forward_hook(lambda _m, args, _o: seen.append(args[0]))
+        with torch.no_grad():
+            got, want = model(input_ids=ids).logits, plain(input_ids=ids).logits
+        x = seen[0]
+        out[rank] = {
+            "dtensor": isinstance(x, DTensor) and x.placements == (Shard(1),),
+            "local_len": x.to_local().shape[1] if isinstance(x, DTensor) else -1,
+            "plain_output": not isinstance(got, DTensor),
+            "max_diff": float((got - want).abs().max()),
+        }
+    finally:
+        dist.destroy_process_group()
+
+
+def test_sequence_parallel_splits_the_norms_by_sequence_and_keeps_the_logits():
+    import multiprocessing as mp
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as manager:
+        out = manager.dict()
+        procs = [
+            ctx.Process(target=_sequence_parallel_rank, args=(r, port, out)) for r in range(2)
+        ]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(120)
+        assert [p.exitcode for p in procs] == [0, 0]
+        results = dict(out)
+    for rank in (0, 1):
+        r = results[rank]
+        # A layer's norm sees its rank's half of the 9 positions (5 and 4), as a DTensor.
+        assert r["dtensor"] and r["local_len"] == (5 if rank == 0 else 4), r
+        assert r["plain_output"] and r["max_diff"] < 1e-5, r
+
+
+def test_sequence_parallel_needs_tp():
+    with pytest.raises(ValueError, match=r"sequence_parallel = true needs trainer\.tp > 1"):
+        TrainerConfig(world_size=2, sequence_parallel=True)

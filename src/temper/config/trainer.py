@@ -75,6 +75,12 @@ class TrainerConfig(BaseModel):
         "splits of every decoder layer); world_size / tp ranks shard data and parameters "
         "with FSDP2 (docs/scaling.md).",
     )
+    sequence_parallel: bool = Field(
+        False,
+        description="With tp > 1: split the norms and the residual stream between layers by "
+        "sequence over the tp ranks (Megatron's sequence parallelism: 1/tp of those "
+        "activations per rank; reduce-scatter and all-gather instead of all-reduce).",
+    )
     pp: int = Field(
         1,
         ge=1,
@@ -146,6 +152,8 @@ class TrainerConfig(BaseModel):
                 f"trainer.pp = {self.tp * self.pp} (world_size counts every rank: "
                 "pp x dp_shard x tp)"
             )
+        if self.sequence_parallel and self.tp == 1:
+            raise ValueError("trainer.sequence_parallel = true needs trainer.tp > 1")
         if self.pp > 1 and not self.packing:
             raise ValueError(
                 f"trainer.pp = {self.pp} trains packed rows: set trainer.packing = true "

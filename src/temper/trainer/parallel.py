@@ -34,10 +34,14 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleInputOutput,
+    PrepareModuleOutput,
     RowwiseParallel,
+    SequenceParallel,
     parallelize_module,
 )
 
@@ -90,7 +94,7 @@ def check_tp(config: object, tp: int) -> None:
             raise ConfigError(f"trainer.tp = {tp} does not divide the model's {name} = {value}")
 
 
-def tp_plan(layer: torch.nn.Module) -> dict[str, object]:
+def tp_plan(layer: torch.nn.Module, sequence_parallel: bool = False) -> dict[str, object]:
     """The tensor-parallel plan of one decoder layer (names relative to the layer)."""
     names = {name for name, _ in layer.named_modules()}
     missing = [n for n in (*COLWISE, *ROWWISE) if n not in names]
@@ -101,11 +105,57 @@ def tp_plan(layer: torch.nn.Module) -> dict[str, object]:
         )
     plan: dict[str, object] = {name: ColwiseParallel() for name in COLWISE}
     plan.update({name: RowwiseParallel() for name in ROWWISE})
+    if sequence_parallel:
+        plan.update(_sequence_parallel_plan(layer))
     return plan
 
 
-def parallelize(model: torch.nn.Module, mesh: DeviceMesh, ep: int = 1) -> None:
-    """Tensor parallel over ``mesh["tp"]``, experts over ``mesh["dp_shard"]`` when
+def _sequence_parallel_plan(layer: torch.nn.Module) -> dict[str, object]:
+    """Megatron's sequence parallelism inside one decoder layer: the residual stream
+    and both norms hold 1/tp of the sequence (``Shard(1)``); each block's input is
+    all-gathered to the whole sequence, and its row-wise output reduce-scattered back
+    instead of all-reduced (`layer_boundary` splits and gathers at the stack's ends)."""
+    norms = ("input_layernorm", "post_attention_layernorm")
+    missing = [n for n in norms if not hasattr(layer, n)]
+    if missing:
+        raise ConfigError(
+            f"trainer.sequence_parallel: a decoder layer of {type(layer).__name__} has no "
+            f"{missing[0]}; it supports Llama, Qwen2 and Qwen3-style decoders"
+        )
+    plan: dict[str, object] = {name: SequenceParallel() for name in norms}
+    plan["self_attn"] = PrepareModuleInput(
+        input_kwarg_layouts={"hidden_states": Shard(1)},
+        desired_input_kwarg_layouts={"hidden_states": Replicate()},
+    )
+    plan["mlp"] = PrepareModuleInput(
+        input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
+    )
+    for name in ROWWISE:
+        plan[name] = RowwiseParallel(output_layouts=Shard(1), use_local_output=False)
+    return plan
+
+
+def layer_boundary(first: bool, last: bool) -> object | None:
+    """With sequence parallelism, the style of a layer that starts (splits its plain
+    input by sequence: no communication) or ends (gathers its output back to a plain
+    tensor) its stack, so embeddings, the final norm and the output layer, and the
+    activations between pipeline stages, are whole as without it."""
+    split = {"input_layouts": (Replicate(),), "desired_input_layouts": (Shard(1),)}
+    gather = {"output_layouts": (Shard(1),), "desired_output_layouts": (Replicate(),)}
+    if first and last:
+        return PrepareModuleInputOutput(**split, **gather, use_local_output=True)
+    if first:
+        return PrepareModuleInput(**split)
+    if last:
+        return PrepareModuleOutput(**gather, use_local_output=True)
+    return None
+
+
+def parallelize(
+    model: torch.nn.Module, mesh: DeviceMesh, ep: int = 1, sequence_parallel: bool = False
+) -> None:
+    """Tensor parallel over ``mesh["tp"]`` (with ``sequence_parallel``, norms and the
+    residual stream split by sequence), experts over ``mesh["dp_shard"]`` when
     ``ep > 1`` (`temper.trainer.expert_parallel`), then FSDP2 over ``mesh["dp_shard"]``
     for everything else, in place.
 
@@ -116,8 +166,12 @@ def parallelize(model: torch.nn.Module, mesh: DeviceMesh, ep: int = 1) -> None:
     tp, dp = mesh["tp"], mesh["dp_shard"]
     if tp.size() > 1:
         check_tp(model.config, tp.size())
-        for layer in decoder_layers(model):
-            parallelize_module(layer, tp, tp_plan(layer))
+        layers = decoder_layers(model)
+        for i, layer in enumerate(layers):
+            parallelize_module(layer, tp, tp_plan(layer, sequence_parallel))
+            boundary = layer_boundary(i == 0, i == len(layers) - 1)
+            if sequence_parallel and boundary is not None:
+                parallelize_module(layer, tp, boundary)
     experts = shard_experts(model, dp) if ep > 1 else set()
     if dp.size() > 1:
         for layer in decoder_layers(model):
