@@ -151,9 +151,7 @@ def test_sequence_parallel_splits_the_norms_by_sequence_and_keeps_the_logits():
     ctx = mp.get_context("spawn")
     with ctx.Manager() as manager:
         out = manager.dict()
-        procs = [
-            ctx.Process(target=_sequence_parallel_rank, args=(r, port, out)) for r in range(2)
-        ]
+        procs = [ctx.Process(target=_sequence_parallel_rank, args=(r, port, out)) for r in range(2)]
         for p in procs:
             p.start()
         for p in procs:

@@ -105,7 +105,9 @@ class ShardedPolicyTrainer(PolicyTrainer):
         self.min_micro_batches = 1
         model = self._stage(model, spec.cfg)
         model.to(device)
-        parallelize(model, self.mesh, spec.cfg.ep, spec.cfg.sequence_parallel)  # before the optimizer: AdamW holds shards
+        parallelize(
+            model, self.mesh, spec.cfg.ep, spec.cfg.sequence_parallel
+        )  # before the optimizer: AdamW holds shards
         if ref_model is not None:
             ref_model.to(device)
         super().__init__(
