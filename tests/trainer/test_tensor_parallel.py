@@ -111,6 +111,22 @@ def test_world_size_must_be_a_multiple_of_tp():
         TrainerConfig(world_size=3, tp=2)
 
 
+def _model(arch: str):
+    """The tiny Llama, or a random two-layer Qwen2 (q/k/v biases) or Qwen3 (q/k norms)
+    with grouped KV heads, seeded alike on every rank."""
+    import torch
+    from transformers import AutoModelForCausalLM, Qwen2Config, Qwen3Config
+
+    if arch == "llama":
+        return load_model("tiny")
+    config = {"qwen2": Qwen2Config, "qwen3": Qwen3Config}[arch](
+        vocab_size=759, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+    )  # fmt: skip
+    torch.manual_seed(1)
+    return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
 def _sequence_parallel_rank(rank: int, port: int, out: dict) -> None:
     import torch
     import torch.distributed as dist
@@ -120,28 +136,31 @@ def _sequence_parallel_rank(rank: int, port: int, out: dict) -> None:
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
     try:
-        torch.manual_seed(0)
-        ids = torch.randint(3, 700, (2, 9))
-        plain = load_model("tiny").eval()
-        model = load_model("tiny").eval()
-        parallelize(model, build_mesh(2, 2, "cpu"), sequence_parallel=True)
-        seen = []
-        norm = model.model.layers[1].input_layernorm
-        norm.register_forward_hook(lambda _m, args, _o: seen.append(args[0]))
-        with torch.no_grad():
-            got, want = model(input_ids=ids).logits, plain(input_ids=ids).logits
-        x = seen[0]
-        out[rank] = {
-            "dtensor": isinstance(x, DTensor) and x.placements == (Shard(1),),
-            "local_len": x.to_local().shape[1] if isinstance(x, DTensor) else -1,
-            "plain_output": not isinstance(got, DTensor),
-            "max_diff": float((got - want).abs().max()),
-        }
+        mesh = build_mesh(2, 2, "cpu")
+        for arch in ("llama", "qwen2", "qwen3"):
+            torch.manual_seed(0)
+            ids = torch.randint(3, 700, (2, 9))
+            plain = _model(arch).eval()
+            model = _model(arch).eval()
+            parallelize(model, mesh, sequence_parallel=True)
+            seen = []
+            norm = model.model.layers[1].input_layernorm
+            norm.register_forward_hook(lambda _m, args, _o, seen=seen: seen.append(args[0]))
+            with torch.no_grad():
+                got, want = model(input_ids=ids).logits, plain(input_ids=ids).logits
+            x = seen[0]
+            out[(rank, arch)] = {
+                "dtensor": isinstance(x, DTensor) and x.placements == (Shard(1),),
+                "local_len": x.to_local().shape[1] if isinstance(x, DTensor) else -1,
+                "plain_output": not isinstance(got, DTensor),
+                "max_diff": float((got - want).abs().max()),
+            }
     finally:
         dist.destroy_process_group()
 
 
 def test_sequence_parallel_splits_the_norms_by_sequence_and_keeps_the_logits():
+    # Llama, Qwen2 and Qwen3 layers under TP2 with sequence parallelism, forward only.
     import multiprocessing as mp
     import socket
 
@@ -158,8 +177,8 @@ def test_sequence_parallel_splits_the_norms_by_sequence_and_keeps_the_logits():
             p.join(120)
         assert [p.exitcode for p in procs] == [0, 0]
         results = dict(out)
-    for rank in (0, 1):
-        r = results[rank]
+    assert len(results) == 6
+    for (rank, _arch), r in results.items():
         # A layer's norm sees its rank's half of the 9 positions (5 and 4), as a DTensor.
         assert r["dtensor"] and r["local_len"] == (5 if rank == 0 else 4), r
         assert r["plain_output"] and r["max_diff"] < 1e-5, r
