@@ -29,6 +29,7 @@ import logging
 import math
 import os
 import traceback
+import warnings
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any
@@ -293,6 +294,10 @@ def join_group(rank: int, world_size: int, backend: str, init_method: str, timeo
     # DTensor logs a warning for every 2-D redistribution it runs as two collectives
     # (the gradient norm over dp_shard x tp): expected here, and noise in a run's log.
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
+    # With sequence parallelism the last decoder layer hands back its gathered output
+    # as a view; nothing after it updates it in place (tested for parity), so FSDP's
+    # warning about in-place ops on views is noise here.
+    warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view")
     dist.init_process_group(
         backend,
         init_method=init_method,
