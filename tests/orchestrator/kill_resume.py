@@ -15,13 +15,17 @@ from pathlib import Path
 
 def train_cmd(args: list[str], out: Path, name: str, *extra: str) -> list[str]:
     return [sys.executable, "-m", "temper.cli.main", "train", *args,
-            f"--run.output_dir={out}", f"--run.name={name}", *extra]  # fmt: skip
+            f"--run.output_dir={out}", f"--run.name={name}", "--run.threads=1", *extra]  # fmt: skip
 
 
 def full_then_killed_and_resumed(args: list[str], out: Path, *extra: str) -> None:
-    """Leave ``out/full`` (uninterrupted) and ``out/killed`` (killed after step 2, resumed)."""
+    """Leave ``out/full`` (uninterrupted) and ``out/killed`` (killed after step 2, resumed).
+
+    The uninterrupted run goes alongside the other: each is mostly one busy core, and
+    nothing of one (run directory, shared-memory names, ports) is the other's."""
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
-    subprocess.run(train_cmd(args, out, "full", *extra), check=True, env=env, capture_output=True)
+    full = subprocess.Popen(train_cmd(args, out, "full", *extra), env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)  # fmt: skip
     proc = subprocess.Popen(train_cmd(args, out, "killed", *extra), env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
     marker = out / "killed" / "checkpoints" / "step_2" / "state.json"
@@ -38,6 +42,8 @@ def full_then_killed_and_resumed(args: list[str], out: Path, *extra: str) -> Non
         text=True,
     )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
+    full_err = full.communicate()[1]
+    assert full.returncode == 0, full_err[-2000:]
 
 
 def step_metrics(path: Path, volatile: tuple[str, ...]) -> dict[int, dict]:
