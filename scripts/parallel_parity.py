@@ -56,6 +56,7 @@ def main() -> None:
     parser.add_argument("--pp", type=int, default=1)
     parser.add_argument("--pp-schedule", default="1f1b", choices=["1f1b", "gpipe"])
     parser.add_argument("--sequence-parallel", action="store_true")
+    parser.add_argument("--loss-parallel", action="store_true")
     parser.add_argument("--unpacked", action="store_true", help="train unpacked (not with pp)")
     args = parser.parse_args()
     base = TrainerConfig(
@@ -70,6 +71,7 @@ def main() -> None:
             "pp": args.pp,
             "pp_schedule": args.pp_schedule,
             "sequence_parallel": args.sequence_parallel,
+            "loss_parallel": args.loss_parallel,
         }
     )
     start = time.monotonic()

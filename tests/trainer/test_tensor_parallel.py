@@ -1,8 +1,8 @@
 """Tensor parallelism (``trainer.tp``) on gloo, against the one-process trainer.
 
 One module-scoped scenario runs, beside a `PolicyTrainer`: TP2 (two ranks, one
-dp_shard coordinate) and FSDP2 x TP2 with sequence parallelism (four ranks) for
-one step each, then a DCP
+dp_shard coordinate) and FSDP2 x TP2 with sequence parallelism and loss parallel
+(four ranks) for one step each, then a DCP
 checkpoint written by the four ranks resumed in three other layouts (one
 process, FSDP2 on two ranks, TP2) for a second step. Every update must equal
 the one-process update within 1e-5 (fp32), and the metrics with it.
@@ -21,10 +21,12 @@ from temper.trainer.policy_trainer import PolicyTrainer
 pytestmark = pytest.mark.slow
 
 
-def _dist(world_size: int, tp: int, sequence_parallel: bool = False) -> DistributedTrainer:
+def _dist(world_size: int, tp: int, split: bool = False) -> DistributedTrainer:
+    """``split``: with sequence parallelism and loss parallel too."""
     cfg = CFG.model_copy(
-        update={"world_size": world_size, "tp": tp, "sequence_parallel": sequence_parallel}
-    )
+        update={"world_size": world_size, "tp": tp, "sequence_parallel": split,
+                "loss_parallel": split}
+    )  # fmt: skip
     return DistributedTrainer(load_model("tiny"), "tiny", cfg, AlgoConfig(), TOTAL_STEPS, 0)
 
 
@@ -42,7 +44,7 @@ def scenario(tmp_path_factory):
     try:
         r["tp2_stats1"] = tp2.train_step(_batch(1))
         r["tp2_w1"] = _weights(tp2.model)
-        dp2tp2 = _dist(4, 2, sequence_parallel=True)
+        dp2tp2 = _dist(4, 2, split=True)
         try:
             r["dp2tp2_stats1"] = dp2tp2.train_step(_batch(1))
             r["dp2tp2_w1"] = _weights(dp2tp2.model)
@@ -127,6 +129,42 @@ def _model(arch: str):
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
 
 
+def _loss_parallel_check(mesh) -> dict:
+    """The tied tiny model with its output layer and embeddings split by vocabulary:
+    still tied, each rank's logits a slice of the vocabulary, and the logprobs,
+    entropies and the output layer's gradient those of the unsharded model."""
+    import torch
+
+    from temper.algos import entropy_from_logits, token_logprobs
+    from temper.trainer.parallel import parallelize
+
+    torch.manual_seed(0)
+    ids, targets = torch.randint(3, 700, (2, 9)), torch.randint(3, 759, (2, 9))
+    plain, model = load_model("tiny"), load_model("tiny")
+    vocab = parallelize(model, mesh, sequence_parallel=True, loss_parallel=True)
+    results = {}
+    for name, net in (("plain", plain), ("sharded", model)):
+        logits = net(input_ids=ids).logits
+        if net is model:
+            lp, ent = vocab.logprobs(logits, targets), vocab.entropy(logits)
+        else:
+            lp, ent = token_logprobs(logits, targets), entropy_from_logits(logits)
+        (lp.sum() + ent.sum()).backward()
+        grad = net.lm_head.weight.grad
+        results[name] = (logits.shape[-1], lp.detach(), ent.detach(), grad.full_tensor()
+                         if hasattr(grad, "full_tensor") else grad)  # fmt: skip
+    (width, lp, ent, grad), (full, lp0, ent0, grad0) = results["sharded"], results["plain"]
+    return {
+        "tied": model.lm_head.weight is model.model.embed_tokens.weight,
+        "width": (width, vocab.start, vocab.size, full),
+        # Relative to each reference's largest magnitude (fp32 sums in another order).
+        "diff": max(
+            float((a - b).abs().max() / b.abs().max())
+            for a, b in ((lp, lp0), (ent, ent0), (grad, grad0))
+        ),
+    }
+
+
 def _sequence_parallel_rank(rank: int, port: int, out: dict) -> None:
     import torch
     import torch.distributed as dist
@@ -155,6 +193,7 @@ def _sequence_parallel_rank(rank: int, port: int, out: dict) -> None:
                 "plain_output": not isinstance(got, DTensor),
                 "max_diff": float((got - want).abs().max()),
             }
+        out[(rank, "loss_parallel")] = _loss_parallel_check(mesh)
     finally:
         dist.destroy_process_group()
 
@@ -177,13 +216,18 @@ def test_sequence_parallel_splits_the_norms_by_sequence_and_keeps_the_logits():
             p.join(120)
         assert [p.exitcode for p in procs] == [0, 0]
         results = dict(out)
-    assert len(results) == 6
+    assert len(results) == 8
+    for rank in (0, 1):  # loss parallel: 380 + 379 columns of the 759-token vocabulary
+        r = results.pop((rank, "loss_parallel"))
+        assert r["tied"] and r["width"] == ((380, 0, 380, 759), (379, 380, 379, 759))[rank], r
+        assert r["diff"] < 1e-5, r
     for (rank, _arch), r in results.items():
         # A layer's norm sees its rank's half of the 9 positions (5 and 4), as a DTensor.
         assert r["dtensor"] and r["local_len"] == (5 if rank == 0 else 4), r
         assert r["plain_output"] and r["max_diff"] < 1e-5, r
 
 
-def test_sequence_parallel_needs_tp():
-    with pytest.raises(ValueError, match=r"sequence_parallel = true needs trainer\.tp > 1"):
-        TrainerConfig(world_size=2, sequence_parallel=True)
+def test_sequence_and_loss_parallel_need_tp():
+    for flag in ("sequence_parallel", "loss_parallel"):
+        with pytest.raises(ValueError, match=rf"{flag} = true needs trainer\.tp > 1"):
+            TrainerConfig(world_size=2, **{flag: True})

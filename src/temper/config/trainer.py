@@ -81,6 +81,12 @@ class TrainerConfig(BaseModel):
         "sequence over the tp ranks (Megatron's sequence parallelism: 1/tp of those "
         "activations per rank; reduce-scatter and all-gather instead of all-reduce).",
     )
+    loss_parallel: bool = Field(
+        False,
+        description="With tp > 1: split the output layer and the input embeddings by "
+        "vocabulary over the tp ranks, so each keeps 1/tp of every micro-batch's logits; "
+        "the logprobs and entropies are reduced across them (docs/scaling.md).",
+    )
     pp: int = Field(
         1,
         ge=1,
@@ -152,8 +158,9 @@ class TrainerConfig(BaseModel):
                 f"trainer.pp = {self.tp * self.pp} (world_size counts every rank: "
                 "pp x dp_shard x tp)"
             )
-        if self.sequence_parallel and self.tp == 1:
-            raise ValueError("trainer.sequence_parallel = true needs trainer.tp > 1")
+        for flag in ("sequence_parallel", "loss_parallel"):
+            if getattr(self, flag) and self.tp == 1:
+                raise ValueError(f"trainer.{flag} = true needs trainer.tp > 1")
         if self.pp > 1 and not self.packing:
             raise ValueError(
                 f"trainer.pp = {self.pp} trains packed rows: set trainer.packing = true "

@@ -106,9 +106,11 @@ class ShardedPolicyTrainer(PolicyTrainer):
         self.min_micro_batches = 1
         model = self._stage(model, spec.cfg)
         model.to(device)
-        parallelize(
-            model, self.mesh, spec.cfg.ep, spec.cfg.sequence_parallel
-        )  # before the optimizer: AdamW holds shards
+        # Before the optimizer: AdamW holds shards. With trainer.loss_parallel, `vocab` is
+        # this rank's columns of the vocabulary (its logits are those columns only).
+        self.vocab = parallelize(
+            model, self.mesh, spec.cfg.ep, spec.cfg.sequence_parallel, spec.cfg.loss_parallel
+        )
         if ref_model is not None:
             ref_model.to(device)
         super().__init__(
@@ -118,6 +120,16 @@ class ShardedPolicyTrainer(PolicyTrainer):
     def _stage(self, model: torch.nn.Module, cfg: TrainerConfig) -> torch.nn.Module:
         """The part of ``model`` this rank holds: all of it (pipeline stages override)."""
         return model
+
+    def _token_logprobs(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if self.vocab is not None:
+            return self.vocab.logprobs(logits, targets)
+        return super()._token_logprobs(logits, targets)
+
+    def _entropy(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.vocab is not None:
+            return self.vocab.entropy(logits)
+        return super()._entropy(logits)
 
     def _shard(self, trajs: list[Trajectory], chunk: list[int]) -> list[int]:
         """This rank's rows of the mini-batch; a group's shared prompt stays on one rank.
@@ -202,6 +214,7 @@ class PipelinedPolicyTrainer(ShardedPolicyTrainer):
         self.min_micro_batches = pp if cfg.pp_schedule == "1f1b" else 1
         #: The group of a tied embedding's two copies (first and last stage), if any.
         self._tie_group = tie_groups(self.mesh) if stage.tied else None
+        stage.logprobs = self._token_logprobs
         return stage
 
     def _backward(
@@ -245,10 +258,17 @@ class PipelinedPolicyTrainer(ShardedPolicyTrainer):
         """Sum a tied embedding's gradient over its first- and last-stage copies."""
         if self._tie_group is None:
             return
-        grad = self.model.model.embed_tokens.weight.grad
-        if grad is not None:
-            local = grad.to_local() if isinstance(grad, DTensor) else grad
-            dist.all_reduce(local, group=self._tie_group)
+        weight = self.model.model.embed_tokens.weight
+        grad = weight.grad
+        if grad is None:
+            return
+        if isinstance(grad, DTensor) and grad.placements != weight.placements:
+            # A vocabulary-sharded embedding's lookup leaves a replicated gradient; the
+            # output layer's is sharded like the weight. Match them, shard for shard.
+            grad = weight.grad = grad.redistribute(placements=weight.placements)
+        dist.all_reduce(
+            grad.to_local() if isinstance(grad, DTensor) else grad, group=self._tie_group
+        )
 
     def _clip_grads(self) -> float:
         params = list(self.model.parameters())

@@ -47,6 +47,7 @@ from torch.distributed.tensor.parallel import (
 
 from temper.errors import ConfigError
 from temper.trainer.expert_parallel import shard_experts
+from temper.trainer.vocab_parallel import VocabShard, shard_vocab
 
 #: Decoder-layer submodules by how they split: Llama, Qwen2 and Qwen3 name them alike.
 COLWISE = (
@@ -152,12 +153,19 @@ def layer_boundary(first: bool, last: bool) -> object | None:
 
 
 def parallelize(
-    model: torch.nn.Module, mesh: DeviceMesh, ep: int = 1, sequence_parallel: bool = False
-) -> None:
+    model: torch.nn.Module,
+    mesh: DeviceMesh,
+    ep: int = 1,
+    sequence_parallel: bool = False,
+    loss_parallel: bool = False,
+) -> VocabShard | None:
     """Tensor parallel over ``mesh["tp"]`` (with ``sequence_parallel``, norms and the
-    residual stream split by sequence), experts over ``mesh["dp_shard"]`` when
-    ``ep > 1`` (`temper.trainer.expert_parallel`), then FSDP2 over ``mesh["dp_shard"]``
-    for everything else, in place.
+    residual stream split by sequence; with ``loss_parallel``, the output layer and
+    embeddings by vocabulary, `temper.trainer.vocab_parallel`), experts over
+    ``mesh["dp_shard"]`` when ``ep > 1`` (`temper.trainer.expert_parallel`), then
+    FSDP2 over ``mesh["dp_shard"]`` for everything else, in place. Returns this rank's
+    vocabulary shard with ``loss_parallel`` (None otherwise, or on a stage without
+    the output layer).
 
     FSDP sums gradients rather than averaging them: each rank's loss is already
     divided by the global counts. Gloo has no pre-multiplied sum, hence the forced
@@ -172,6 +180,7 @@ def parallelize(
             boundary = layer_boundary(i == 0, i == len(layers) - 1)
             if sequence_parallel and boundary is not None:
                 parallelize_module(layer, tp, boundary)
+    vocab = shard_vocab(model, tp) if loss_parallel and tp.size() > 1 else None
     experts = shard_experts(model, dp) if ep > 1 else set()
     if dp.size() > 1:
         for layer in decoder_layers(model):
@@ -181,6 +190,7 @@ def parallelize(
             if isinstance(module, FSDPModule):
                 module.set_gradient_divide_factor(1.0)
                 module.set_force_sum_reduction_for_comms(True)
+    return vocab
 
 
 def clip_grad_norm(

@@ -106,6 +106,9 @@ class StageModel(torch.nn.Module):
         #: The current step's micro-batches, looked up by index in `forward`.
         self.batches: list[PackedMicroBatch] = []
         self.emit_logprobs = False
+        #: How a forward-only pass turns logits into logprobs (the trainer's, which
+        #: knows whether the logits are a shard of the vocabulary).
+        self.logprobs = token_logprobs
 
     def forward(self, x: torch.Tensor, mb_index: torch.Tensor) -> torch.Tensor:
         mb = self.batches[int(mb_index[0])]
@@ -126,7 +129,7 @@ class StageModel(torch.nn.Module):
             return hidden
         logits = self.lm_head(inner.norm(hidden[:, mb.keep]))
         logits = logits[0].index_select(0, mb.flat_index).float()
-        return token_logprobs(logits, mb.targets) if self.emit_logprobs else logits
+        return self.logprobs(logits, mb.targets) if self.emit_logprobs else logits
 
 
 def tie_groups(mesh: Any) -> dist.ProcessGroup | None:

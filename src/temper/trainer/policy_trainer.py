@@ -162,10 +162,23 @@ class PolicyTrainer:
         for idx in self._plan([trajs[i] for i in rows]):
             batch_rows = [rows[j] for j in idx]
             mb = self._collate(trajs, batch_rows)
-            lp = mb.to_rows(token_logprobs(self._forward_logits(model, mb), mb.targets))
+            logits = self._forward_logits(model, mb)
+            if model is self.model:  # the policy's logits may be a shard of the vocabulary
+                lp = mb.to_rows(self._token_logprobs(logits, mb.targets))
+            else:
+                lp = mb.to_rows(token_logprobs(logits, mb.targets))
             for row, i in enumerate(batch_rows):
                 result[i] = lp[row]
         return result
+
+    def _token_logprobs(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The policy's logprobs of ``targets`` from its logits (a seam: with loss
+        parallel the logits are this rank's columns of the vocabulary)."""
+        return token_logprobs(logits, targets)
+
+    def _entropy(self, logits: torch.Tensor) -> torch.Tensor:
+        """The policy's next-token entropies from its logits (the same seam)."""
+        return entropy_from_logits(logits)
 
     # Seams for data parallelism (see the module docstring).
     def _shard(self, trajs: list[Trajectory], chunk: list[int]) -> list[int]:
@@ -346,7 +359,7 @@ class PolicyTrainer:
         trajectories' own."""
         if self.cfg.mode != "rl":
             return self._sft_loss(mb, logits, totals, acc)
-        logprobs = mb.to_rows(token_logprobs(logits, mb.targets))
+        logprobs = mb.to_rows(self._token_logprobs(logits, mb.targets))
         fresh = [(row, trajs[i]) for row, i in enumerate(rows) if trajs[i].trainer_logprobs is None]
         if fresh:  # first pass: the weights the engine sampled with; one copy to host
             host = logprobs.detach().tolist()
@@ -385,11 +398,11 @@ class PolicyTrainer:
             per_token = per_token + self.algo.kl_coef * kl
             acc["kl"] += float((kl.detach() * mask).sum())
         if self.algo.entropy_coef > 0:
-            ent = mb.to_rows(entropy_from_logits(logits))
+            ent = mb.to_rows(self._entropy(logits))
             per_token = per_token - self.algo.entropy_coef * ent
         else:
             with torch.no_grad():
-                ent = mb.to_rows(entropy_from_logits(logits))
+                ent = mb.to_rows(self._entropy(logits))
         loss = aggregate_loss(
             per_token, mask, self.algo.loss_agg, total_tokens=totals[0], total_seqs=totals[1]
         )
@@ -409,7 +422,7 @@ class PolicyTrainer:
     ) -> torch.Tensor:
         """Negative log-likelihood of the loss-masked tokens of ``mb``, over the
         mini-batch's token count ``totals[0]`` (so micro-batches add up to its mean)."""
-        logprobs = mb.to_rows(token_logprobs(logits, mb.targets))
+        logprobs = mb.to_rows(self._token_logprobs(logits, mb.targets))
         loss = aggregate_loss(-logprobs, mb.loss_mask, "token-mean", total_tokens=totals[0])
         acc["loss"] += float(loss.detach())
         return loss
