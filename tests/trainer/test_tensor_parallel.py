@@ -2,10 +2,10 @@
 
 One module-scoped scenario runs, beside a `PolicyTrainer`: TP2 (two ranks, one
 dp_shard coordinate) and FSDP2 x TP2 with sequence parallelism and loss parallel
-(four ranks) for one step each, then a DCP
-checkpoint written by the four ranks resumed in three other layouts (one
-process, FSDP2 on two ranks, TP2) for a second step. Every update must equal
-the one-process update within 1e-5 (fp32), and the metrics with it.
+(four ranks) for one step each, then a DCP checkpoint written by the four ranks
+resumed in two other layouts (one process, TP2) for a second step. Every update
+must equal the one-process update within 1e-5 (fp32), and the metrics with it.
+(FSDP2 checkpoints across world sizes: `test_distributed.py`.)
 """
 
 import pytest
@@ -65,14 +65,6 @@ def scenario(tmp_path_factory):
     one = PolicyTrainer(load_model(str(ckpt)), CFG, AlgoConfig(), TOTAL_STEPS, pad_id=0)
     restore_trainer(one, state, ckpt)
     r["to_one_w2"] = (one.train_step(_batch(2)), _weights(one.model))[1]
-    # FSDP2 x TP2 -> FSDP2 on two ranks.
-    dp2 = _dist(2, 1)
-    try:
-        restore_trainer(dp2, state, ckpt)
-        dp2.train_step(_batch(2))
-        r["to_dp2_w2"] = _weights(dp2.model)
-    finally:
-        dp2.close()
     return r
 
 
@@ -84,7 +76,7 @@ def test_one_step_matches_one_process(scenario, layout):
         assert got == pytest.approx(value, rel=1e-5, abs=1e-6), key
 
 
-@pytest.mark.parametrize("layout", ["to_tp2", "to_one", "to_dp2"])
+@pytest.mark.parametrize("layout", ["to_tp2", "to_one"])
 def test_a_dp2_tp2_checkpoint_resumes_in_another_layout(scenario, layout):
     assert _max_diff(scenario["plain_w2"], scenario[f"{layout}_w2"]) < TOL
 
