@@ -42,8 +42,9 @@ RANK_TESTS := tests/trainer/test_distributed.py tests/trainer/test_tensor_parall
 # free ports. Its output follows the main suite's; any failure fails the target.
 test: setup setup-vllm
 	@log=$$(mktemp); \
-	( $(MAKE) --no-print-directory test-vllm && \
-	  $(PY) -m pytest -q -p no:cacheprovider $(RANK_TESTS) ) > $$log 2>&1 & lane=$$!; \
+	( $(MAKE) --no-print-directory test-vllm; v=$$?; \
+	  $(PY) -m pytest -q -p no:cacheprovider $(RANK_TESTS); r=$$?; \
+	  test $$v -eq 0 && test $$r -eq 0 ) > $$log 2>&1 & lane=$$!; \
 	$(PY) -m pytest -q $(addprefix --ignore=,$(RANK_TESTS)); main=$$?; \
 	wait $$lane; lane_rc=$$?; \
 	echo "--- second lane: the vLLM suite (.venv-vllm), then the multi-rank trainer tests ---"; \
