@@ -30,26 +30,17 @@ $(VLLM_STAMP): pyproject.toml constraints.txt scripts/setup.sh apt-packages.txt
 demo: setup
 	$(VENV)/bin/temper train --run.overwrite=true
 
-# The multi-rank trainer tests: they run in the second lane of `make test`.
-RANK_TESTS := tests/trainer/test_distributed.py tests/trainer/test_tensor_parallel.py \
-	tests/trainer/test_pipeline_parallel.py tests/trainer/test_expert_parallel.py \
-	tests/trainer/test_objectives_distributed.py
-
-# Two lanes at once: the main suite, and beside it the vLLM suite then the multi-rank
-# trainer tests. The main suite leaves about a third of two cores idle (waits on
-# subprocesses, servers, start-up), and the lanes share no state: the second lane's
-# tests probe no global state (Ray, browsers, /dev/shm names, other processes) and use
-# free ports. Its output follows the main suite's; any failure fails the target.
+# The vLLM suite runs alongside the main one: the main suite leaves about a third of
+# two cores idle (waits on subprocesses, servers, rank start-up), and the two share no
+# state (their own environments; no Ray, browser or fixed names in the vLLM tests).
+# Its output follows the main suite's; either failing fails the target.
 test: setup setup-vllm
 	@log=$$(mktemp); \
-	( $(MAKE) --no-print-directory test-vllm; v=$$?; \
-	  $(PY) -m pytest -q -p no:cacheprovider $(RANK_TESTS); r=$$?; \
-	  test $$v -eq 0 && test $$r -eq 0 ) > $$log 2>&1 & lane=$$!; \
-	$(PY) -m pytest -q $(addprefix --ignore=,$(RANK_TESTS)); main=$$?; \
-	wait $$lane; lane_rc=$$?; \
-	echo "--- second lane: the vLLM suite (.venv-vllm), then the multi-rank trainer tests ---"; \
-	cat $$log; rm -f $$log; \
-	test $$main -eq 0 && test $$lane_rc -eq 0
+	$(MAKE) --no-print-directory test-vllm > $$log 2>&1 & vllm=$$!; \
+	$(PY) -m pytest -q; main=$$?; \
+	wait $$vllm; vllm_rc=$$?; \
+	echo "--- the vLLM suite (.venv-vllm) ---"; cat $$log; rm -f $$log; \
+	test $$main -eq 0 && test $$vllm_rc -eq 0
 
 test-vllm: setup-vllm
 	$(VLLM_PY) -m pytest -q -p no:cacheprovider $(VLLM_TESTS)
