@@ -16,37 +16,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
-import torch
-
-from temper.config.schema import AlgoConfig, TrainerConfig
+from temper.config.schema import AlgoConfig
 from temper.models import load_model
-from temper.rollout.trajectory import Trajectory
 from temper.trainer.distributed import DistributedTrainer
 from temper.trainer.policy_trainer import PolicyTrainer
 
-
-def batch(seed: int = 1, n: int = 7) -> list[Trajectory]:
-    """``n`` scored trajectories in groups of 3, responses of 1 to 9 tokens."""
-    g = torch.Generator().manual_seed(seed)
-    out = []
-    for i in range(n):
-        resp = torch.randint(3, 600, (1 + (i * 5 + seed) % 9,), generator=g).tolist()
-        out.append(
-            Trajectory(
-                task_id=f"t{i // 3}",
-                group_id=i // 3,
-                prompt_ids=[1, 87, 85, 20 + i // 3, 30 + seed],
-                response_ids=resp,
-                loss_mask=[1] * len(resp),
-                behaviour_logprobs=[-1.0] * len(resp),
-                versions=[0] * len(resp),
-                finish_reason="stop",
-                advantage=float(torch.randn((), generator=g)),
-            )
-        )
-    return out
+# The batch and optimizer settings the distributed tests train with (scored groups of 3,
+# responses of 1 to 9 tokens, two mini-batches, a small learning rate: tests/fp32.py).
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+from tests.trainer.test_distributed import CFG  # noqa: E402
+from tests.trainer.test_distributed import _batch as batch  # noqa: E402
 
 
 def main() -> None:
@@ -59,11 +43,9 @@ def main() -> None:
     parser.add_argument("--loss-parallel", action="store_true")
     parser.add_argument("--unpacked", action="store_true", help="train unpacked (not with pp)")
     args = parser.parse_args()
-    base = TrainerConfig(
-        lr=2e-5, warmup_steps=3, micro_batch_tokens=48, mini_batches=2, packing=not args.unpacked
-    )
+    base = CFG.model_copy(update={"packing": not args.unpacked})
     plain = PolicyTrainer(load_model("tiny"), base, AlgoConfig(), 4, pad_id=0)
-    want = plain.train_step(batch())
+    want = plain.train_step(batch(1))
     layout = base.model_copy(
         update={
             "world_size": args.world_size,
@@ -77,7 +59,7 @@ def main() -> None:
     start = time.monotonic()
     trainer = DistributedTrainer(load_model("tiny"), "tiny", layout, AlgoConfig(), 4, 0)
     try:
-        trajs = batch()
+        trajs = batch(1)
         got = trainer.train_step(trajs)
         a, b = plain.model.state_dict(), trainer.model.state_dict()
         max_diff = max(float((a[k] - b[k]).abs().max()) for k in a)
