@@ -59,42 +59,7 @@ from temper.trainer.packing import (
     packed_logits,
     plan_packed_rows,
 )
-
-#: Objective and importance-ratio statistics logged each step, when the objective
-#: gives them: means weighted by policy tokens, means weighted by sequences, maxima.
-_RATIO_MEANS = (
-    "clip_frac_low",
-    "clip_frac_high",
-    "ratio_mean",
-    "cispo_clip_frac_low",
-    "cispo_clip_frac_high",
-    "cispo_weight_mean",
-    "is_ratio_mean",
-    "is_weight_mean",
-    "is_log_ratio_abs_mean",
-    "is_truncated_frac",
-    "is_masked_frac",
-)
-_SEQ_MEANS = ("seq_clip_frac_low", "seq_clip_frac_high", "seq_ratio_mean")
-_RATIO_MAXES = ("ratio_max", "is_ratio_max", "seq_ratio_max")
-
-
-def _accumulate_ratio_stats(acc: dict[str, float], stats: dict, n_tok: float, n_seq: float) -> None:
-    """Add a micro-batch's ratio stats to ``acc`` (means weighted by its tokens or
-    sequences with policy tokens; the sequence count goes to ``acc["stat_seqs"]``)."""
-    if not n_tok:
-        return
-    for key in _RATIO_MEANS:
-        if key in stats:
-            acc[key] += float(stats[key]) * n_tok
-    if any(key in stats for key in _SEQ_MEANS):
-        acc["stat_seqs"] += n_seq
-    for key in _SEQ_MEANS:
-        if key in stats:
-            acc[key] += float(stats[key]) * n_seq
-    for key in _RATIO_MAXES:
-        if key in stats:
-            acc[key] = max(acc.get(key, 0.0), float(stats[key]))
+from temper.trainer.step_stats import accumulate_ratio_stats, rl_step_stats, sft_step_stats
 
 
 class PolicyTrainer:
@@ -319,8 +284,9 @@ class PolicyTrainer:
             self.optimizer.step()
         self.scheduler.step()
         if self.cfg.mode != "rl":
-            return _sft_stats(acc, totals[0], grad_norm, lr)
-        return self._step_stats(acc, totals[0], grad_norm, lr, ref is not None)
+            return sft_step_stats(acc, totals[0], grad_norm, lr)
+        kl_logged = ref is not None and self.algo.kl_coef > 0
+        return rl_step_stats(acc, totals[0], grad_norm, lr, kl_logged)
 
     def _backward(
         self,
@@ -391,7 +357,7 @@ class PolicyTrainer:
         if weights is not None:
             per_token = per_token * weights
         n_seq = float((mask.sum(dim=-1) > 0).sum())
-        _accumulate_ratio_stats(acc, {**clip_stats, **is_stats}, n_tok, n_seq)
+        accumulate_ratio_stats(acc, {**clip_stats, **is_stats}, n_tok, n_seq)
         if ref is not None and self.algo.kl_coef > 0:
             ref_lp = _stack_rows([ref[i] for i in rows], logprobs)
             kl = kl_estimate(logprobs, ref_lp, kind=self.algo.kl_estimator)
@@ -427,33 +393,6 @@ class PolicyTrainer:
         acc["loss"] += float(loss.detach())
         return loss
 
-    def _step_stats(
-        self, acc: dict[str, float], total_tokens: float, grad_norm: float, lr: float, has_ref: bool
-    ) -> dict[str, tuple[float, float]]:
-        w = max(total_tokens, 1.0)
-        stats: dict[str, tuple[float, float]] = {
-            "loss": (acc["loss"], 1.0),
-            "grad_norm": (grad_norm, 1.0),
-            "lr": (lr, 1.0),
-            "entropy": (acc["entropy"] / w, w),
-            "train_infer_logprob_diff": (acc["mismatch_abs"] / w, w),
-            "train_infer_logprob_diff_max": (acc["mismatch_max"], 1.0),
-        }
-        for key in _RATIO_MEANS:
-            if key in acc:
-                stats[key] = (acc[key] / w, w)
-        seqs = acc.get("stat_seqs", 0.0)
-        for key in _SEQ_MEANS:
-            if key in acc and seqs > 0:
-                stats[key] = (acc[key] / seqs, seqs)
-        for key in _RATIO_MAXES:
-            if key in acc:
-                stats[key] = (acc[key], 1.0)
-        if has_ref and self.algo.kl_coef > 0:
-            stats["kl"] = (acc["kl"] / w, w)
-        stats["train_tokens"] = (total_tokens, 1.0)
-        return stats
-
     def engine_state_dict(self) -> dict[str, torch.Tensor]:
         """Current weights, detached, for publishing to engines."""
         return {k: v.detach() for k, v in self.model.state_dict().items()}
@@ -482,20 +421,6 @@ class PolicyTrainer:
         self.scheduler.load_state_dict(state["scheduler"])
         if self.critic is not None:
             self.critic.load_state_dict(state.get("critic"))
-
-
-def _sft_stats(
-    acc: dict[str, float], total_tokens: float, grad_norm: float, lr: float
-) -> dict[str, tuple[float, float]]:
-    """A supervised step's stats: its loss is the NLL per token, weighted by tokens."""
-    w = max(total_tokens, 1.0)
-    return {
-        "loss": (acc["loss"], w),
-        "nll_per_token": (acc["loss"], w),
-        "grad_norm": (grad_norm, 1.0),
-        "lr": (lr, 1.0),
-        "train_tokens": (total_tokens, 1.0),
-    }
 
 
 def _stack_rows(rows: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
