@@ -36,7 +36,7 @@ import time
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from temper.config import config_from_dict
-from temper.orchestrator.sync import SyncOrchestrator
+from temper.orchestrator.loop import Orchestrator
 
 
 def make_config(args: argparse.Namespace, out: str, staleness: int) -> dict:
@@ -81,7 +81,7 @@ def make_config(args: argparse.Namespace, out: str, staleness: int) -> dict:
 def run_one(args: argparse.Namespace, staleness: int) -> dict:
     with tempfile.TemporaryDirectory() as out:
         cfg = config_from_dict(make_config(args, out, staleness))
-        orch = SyncOrchestrator(cfg)
+        orch = Orchestrator(cfg)
 
         async def go() -> float:
             start = time.perf_counter()

@@ -26,9 +26,9 @@ import threading
 import time
 from typing import Any
 
+from temper.builder.tasks import build_env_spec
 from temper.envs.miniwob import make_task
 from temper.envs.miniwob_scripted import ORACLE_TASKS, Oracle, RandomPolicy, play
-from temper.envs.registry import build_env_spec
 
 
 async def _episode(spec: Any, task: Any, policy: Any, max_turns: int = 6) -> tuple[float, bool]:

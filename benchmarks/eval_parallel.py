@@ -18,18 +18,19 @@ import json
 import time
 
 from temper import compute
+from temper.builder.engines import build_engine
+from temper.builder.model import load_run_model
+from temper.builder.rollouts import build_rollouts
+from temper.builder.tasks import build_run_tasks
 from temper.config import config_from_dict
 from temper.eval.harness import evaluate
-from temper.models import load_tokenizer, resolve_model_path
-from temper.orchestrator.build import build_engine, build_rollouts
 
 
 async def run(tasks_n: int, k: int) -> dict:
     cfg = config_from_dict({"eval": {"k": k}})
-    path = str(resolve_model_path(cfg.model.path))
-    tokenizer = load_tokenizer(path)
-    engine = build_engine(cfg, path, tokenizer)
-    rollouts = build_rollouts(cfg, engine, tokenizer)
+    model = load_run_model(cfg)
+    engine = build_engine(cfg, model)
+    rollouts = build_rollouts(cfg, engine, model, build_run_tasks(cfg))
     tasks = rollouts.heldout[:tasks_n]
     kwargs = dict(k=k, temperature=1.0, max_new_tokens=48, seed=7)
     try:

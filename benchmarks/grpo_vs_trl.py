@@ -77,7 +77,7 @@ def run_temper(data: Path, steps: int, out_dir: Path, model: str) -> dict:
     import asyncio
 
     from temper.config import config_from_dict
-    from temper.orchestrator.sync import SyncOrchestrator
+    from temper.orchestrator.loop import Orchestrator
 
     cfg = config_from_dict(
         {
@@ -120,7 +120,7 @@ def run_temper(data: Path, steps: int, out_dir: Path, model: str) -> dict:
     )
 
     async def go() -> None:
-        orch = SyncOrchestrator(cfg)
+        orch = Orchestrator(cfg)
         try:
             await orch.run()
         finally:

@@ -39,7 +39,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from temper.config.schema import AlgoConfig, TrainerConfig
-from temper.rollout.trajectory import Trajectory
+from temper.records import Trajectory
 from temper.trainer.packing import PackedMicroBatch, collate_packed
 from temper.trainer.policy_trainer import PolicyTrainer
 

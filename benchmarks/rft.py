@@ -33,7 +33,7 @@ from pathlib import Path
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from temper.config import config_from_dict
-from temper.orchestrator.sync import SyncOrchestrator
+from temper.orchestrator.loop import Orchestrator
 
 
 def make_config(args: argparse.Namespace, out: str, mode: str) -> dict:
@@ -54,7 +54,7 @@ def make_config(args: argparse.Namespace, out: str, mode: str) -> dict:
 
 
 async def train(cfg: dict) -> None:
-    orch = SyncOrchestrator(config_from_dict(cfg))
+    orch = Orchestrator(config_from_dict(cfg))
     try:
         await orch.run()
     finally:

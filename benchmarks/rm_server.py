@@ -29,7 +29,9 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import httpx
 
 from temper import compute
-from temper.serve.reward_model import load_reward_model, score_pairs, start_rm_server
+from temper.rewards.rm_batcher import load_reward_model
+from temper.rewards.rm_scoring import score_pairs
+from temper.serve.reward_model import start_rm_server
 
 
 def make_pairs(n: int) -> list[dict[str, str]]:
@@ -107,7 +109,7 @@ def measure(loaded, clients: int, seconds: float, pairs, max_batch_size: int) ->
 
 def measure_in_process(loaded, clients: int, seconds: float, pairs, max_batch_size: int) -> float:
     """The same load without HTTP: ``clients`` coroutines calling the batcher directly."""
-    from temper.serve.reward_model import RewardModelBatcher
+    from temper.rewards.rm_batcher import RewardModelBatcher
 
     async def go() -> float:
         batcher = RewardModelBatcher(*loaded, max_batch_size=max_batch_size, max_wait_ms=5.0)

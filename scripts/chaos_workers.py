@@ -21,8 +21,9 @@ import threading
 import time
 from pathlib import Path
 
-from temper.cli.main import main
 from temper.orchestrator.remote import RemoteRollouts
+
+from temper.cli.main import main
 
 
 def _args(steps: int) -> list[str]:

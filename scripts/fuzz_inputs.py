@@ -142,8 +142,8 @@ def mutate_bytes(rng: random.Random, raw: bytes) -> bytes:
 
 
 def fuzz_tool_calls(rng: random.Random, cases: int) -> Counter:
-    from temper.data.base import Task
     from temper.envs import AssistantTurn, Tool, execute_tool_calls, parse_tool_calls
+    from temper.records import Task
     from temper.rewards.base import RewardInput
     from temper.rewards.tool_call_ast import ToolCallASTReward
 
@@ -265,12 +265,12 @@ def fuzz_http(
 
 
 def fuzz_serve(rng: random.Random, cases: int) -> Counter:
-    from temper.engine import build_engine
+    from temper.engine.native import NativeEngine
     from temper.models import load_model, load_tokenizer
     from temper.serve import start_server
 
     tok = load_tokenizer("tiny")
-    engine = build_engine("native", load_model("tiny"), tok)
+    engine = NativeEngine(load_model("tiny"), tok)
     chat = {"model": "tiny", "max_tokens": 2, "n": 1, "temperature": 0.5, "seed": 1,
             "messages": [{"role": "system", "content": "Be brief."},
                          {"role": "user", "content": [{"type": "text", "text": "2+3?"}]}],
@@ -285,7 +285,8 @@ def fuzz_serve(rng: random.Random, cases: int) -> Counter:
 
 
 def fuzz_serve_rm(rng: random.Random, cases: int) -> Counter:
-    from temper.serve.reward_model import load_reward_model, start_rm_server
+    from temper.rewards.rm_batcher import load_reward_model
+    from temper.serve.reward_model import start_rm_server
 
     handle, _ = start_rm_server(load_reward_model("tiny-rm"), max_batch_size=32, max_wait_ms=2)
     body = {"pairs": [{"prompt": "What is 2+3?", "response": "5"},

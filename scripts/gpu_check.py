@@ -118,7 +118,7 @@ def vllm_checks(path: Path) -> None:
 def trainer_check(path: Path) -> None:
     from temper.config.schema import AlgoConfig, TrainerConfig
     from temper.models import load_model
-    from temper.rollout.trajectory import Trajectory
+    from temper.records import Trajectory
     from temper.trainer.policy_trainer import PolicyTrainer
 
     model = load_model(str(path), dtype=torch.float32).cuda()

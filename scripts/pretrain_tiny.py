@@ -30,7 +30,6 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from temper.data.arithmetic import DEFAULT_LEVELS, ArithmeticTasks, is_correct
-from temper.data.base import Task
 from temper.models.chat_template import (
     CHATML_TEMPLATE,
     ENDOFTEXT,
@@ -42,6 +41,7 @@ from temper.models.chat_template import (
     TOOLS_PREAMBLE,
 )
 from temper.models.loader import TINY_DIR, load_model, load_tokenizer
+from temper.records import Task
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from tiny_corpus import LEVEL_WEIGHTS, Chat, build_corpus

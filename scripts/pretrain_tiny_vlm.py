@@ -40,7 +40,6 @@ from transformers import (
 )
 from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
 
-from temper.data.base import Task
 from temper.data.visual import SIZE, VisualTasks, is_correct, user_content
 from temper.envs.base import AssistantTurn
 from temper.envs.visual_grid import (
@@ -53,6 +52,7 @@ from temper.envs.visual_grid import (
 )
 from temper.models.chat_template import ENDOFTEXT, IM_END, IMAGE_TOKEN, VLM_TEMPLATE
 from temper.models.loader import TINY_DIR, TINY_VLM_DIR
+from temper.records import Task
 
 PATCH = 16
 IMAGE_TOKENS = (SIZE // PATCH) ** 2

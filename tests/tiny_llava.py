@@ -97,7 +97,7 @@ def picture(seed: int, size: tuple[int, int] = (40, 30)):
 
 def picture_task(i: int, image_seed: int, text: str = "What is in the picture?"):
     """A one-message task showing ``picture(image_seed)`` with ``text``."""
-    from temper.data.base import Task
+    from temper.records import Task
 
     content = [{"type": "image", "image": picture(image_seed)}, {"type": "text", "text": text}]
     return Task(id=f"t{i}", prompt=[{"role": "user", "content": content}])

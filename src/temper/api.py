@@ -198,7 +198,7 @@ async def atrain(
     eval_dataset: Any = None,
 ) -> TrainResult:
     """`train` for code already inside an event loop (a notebook): `await temper.atrain(...)`."""
-    from temper.orchestrator.sync import SyncOrchestrator
+    from temper.orchestrator.loop import Orchestrator
 
     cfg = prepare_config(
         config,
@@ -207,7 +207,7 @@ async def atrain(
         dataset=dataset,
         eval_dataset=eval_dataset,
     )
-    orch = SyncOrchestrator(cfg)
+    orch = Orchestrator(cfg)
     try:
         final = await orch.run()
     finally:

@@ -19,7 +19,7 @@ from temper.data.arithmetic import (
     to_task,
     worked_solution,
 )
-from temper.data.base import Task
+from temper.records import Task
 
 
 def problem_of(task: Task) -> Problem:

@@ -1,7 +1,7 @@
 import random
 
-from temper.data.base import Task
 from temper.data.sampler import ListSampler, ProceduralSampler
+from temper.records import Task
 
 
 def _tasks(n):

@@ -6,16 +6,15 @@ from collections import Counter
 
 import pytest
 
+from temper.builder.tasks import build_sampler
 from temper.config import config_from_dict
 from temper.config.sampler import SamplerConfig
 from temper.data.arithmetic import ArithmeticTasks
-from temper.data.base import Task
 from temper.data.sampler import ListSampler, ProceduralSampler
 from temper.data.task_sampling import AdaptiveSampler, curriculum_weights
 from temper.data.task_stats import TaskStats
 from temper.errors import ConfigError, TemperError
-from temper.orchestrator.build import build_sampler
-from temper.rollout.trajectory import Trajectory
+from temper.records import Task, Trajectory
 
 
 def _traj(task: Task, correct: bool) -> Trajectory:

@@ -8,6 +8,8 @@ from collections import deque
 import pytest
 from PIL import Image
 
+from temper.builder.rewards import build_reward
+from temper.builder.tasks import build_tasks
 from temper.config.schema import DataConfig
 from temper.data.visual import (
     KINDS,
@@ -21,7 +23,6 @@ from temper.data.visual import (
     redness,
     render,
 )
-from temper.orchestrator.build import build_reward, build_tasks
 
 
 def components(image: Image.Image) -> int:

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from fp32 import ENGINE_PARITY
-from temper.engine import build_engine
 from temper.engine.base import Engine, SamplingParams
 from temper.engine.hf import HFEngine
 from temper.engine.native import NativeEngine
@@ -74,7 +73,7 @@ def test_stops_match_native_engine(llama) -> None:
 
 
 def test_update_weights_and_errors(llama) -> None:
-    engine = build_engine("hf", make_model("llama"), max_context=16)
+    engine = HFEngine(make_model("llama"), max_context=16)
     assert isinstance(engine, HFEngine) and engine.max_context == 16
     push_weights(engine, llama.state_dict(), version=2)
     out = run(

@@ -9,7 +9,6 @@ import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
 from fp32 import ENGINE_PARITY
-from temper.engine import build_engine
 from temper.engine.base import Engine, SamplingParams
 from temper.engine.llama_forward import UnsupportedModelError
 from temper.engine.native import NativeEngine
@@ -321,12 +320,6 @@ def test_sliding_window_caps_the_context() -> None:
     windowed = MistralForCausalLM(MistralConfig(**{**COMMON, "sliding_window": 16}))
     assert NativeEngine(windowed).max_context == 16  # where sliding == full attention
     assert NativeEngine(make_model("mistral"), max_context=50).max_context == 50
-
-
-def test_build_engine(llama) -> None:
-    assert isinstance(build_engine("native", llama, max_slots=4), NativeEngine)
-    with pytest.raises(TemperError, match=r"engine\.type"):
-        build_engine("vllm-ish", llama)
 
 
 def test_prefill_groups_and_attention_chunks() -> None:

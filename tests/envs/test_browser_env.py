@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 
+from temper.builder.tasks import build_env_spec
 from temper.engine.base import SamplingParams
 from temper.envs import AssistantTurn, EpisodeLimits
 from temper.envs.browser_session import PROFILE_PREFIX, chromium_processes, find_chromium
@@ -31,7 +32,6 @@ from temper.envs.miniwob_scripted import (
     parse_dom_text,
     play,
 )
-from temper.envs.registry import build_env_spec
 from temper.envs.replay import replay_episode
 from temper.errors import ConfigError
 from temper.models.loader import load_tokenizer

@@ -6,10 +6,10 @@ import asyncio
 import pytest
 
 from temper.algos.turn_credit import episode_turn_rewards
+from temper.builder.tasks import build_env_spec
 from temper.data.arithmetic import Problem, is_heldout
 from temper.envs import AssistantTurn
 from temper.envs.chain import ChainEnv, ChainTasks
-from temper.envs.registry import build_env_spec
 from temper.errors import ConfigError
 
 

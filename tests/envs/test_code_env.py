@@ -15,10 +15,11 @@ from typing import Any
 import pytest
 
 from scripted_engine import ScriptedEngine
+from temper.builder.tasks import build_env_spec
+from temper.config.env import EpisodeLimits
 from temper.config.load import load_config
-from temper.data.base import Task
 from temper.engine.base import SamplingParams
-from temper.envs.base import AssistantTurn, EpisodeLimits
+from temper.envs.base import AssistantTurn
 from temper.envs.code import CodeEnv, extract_code, spec
 from temper.envs.code_tasks import (
     TEMPLATES,
@@ -28,9 +29,9 @@ from temper.envs.code_tasks import (
     statement,
     task_tests,
 )
-from temper.envs.registry import build_env_spec
 from temper.errors import ConfigError
 from temper.models import load_tokenizer
+from temper.records import Task
 from temper.rewards.code_tests import run_tests
 from temper.rollout.multi_turn import episode_stats, run_episodes
 from temper.sandbox import SandboxPool

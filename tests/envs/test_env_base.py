@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from temper.data.base import Task
 from temper.envs import AssistantTurn, Env, EpisodeLimits, StepResult, ToolEnv
+from temper.records import Task
 
 
 class MinimalEnv:

@@ -9,7 +9,6 @@ from typing import Literal
 
 import pytest
 
-from temper.data.base import Task
 from temper.envs import (
     AssistantTurn,
     StepResult,
@@ -20,6 +19,7 @@ from temper.envs import (
     validate_arguments,
 )
 from temper.envs.tools import format_result, parse_docstring, type_schema
+from temper.records import Task
 
 
 def search(

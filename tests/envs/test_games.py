@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from temper.data.base import Task
+from temper.builder.tasks import build_env_spec
 from temper.engine.base import (
     Engine,
     EngineDefaults,
@@ -28,9 +28,9 @@ from temper.envs.games import (
     is_heldout,
     wordle_feedback,
 )
-from temper.envs.registry import build_env_spec
 from temper.errors import ConfigError
 from temper.models.loader import load_model, load_tokenizer
+from temper.records import Task
 from temper.rollout.multi_turn import run_episodes
 from temper.weights.transport import WeightTransport
 

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 from gymnasium import spaces
 
-from temper.data.base import Task
+from temper.builder.tasks import build_env_spec
 from temper.envs import AssistantTurn, StepResult
 from temper.envs.gym_adapter import GymEnv, GymSeedTasks, is_heldout_seed, make_gym
-from temper.envs.registry import build_env_spec
 from temper.envs.text_gym import ACTIONS, TextMaze
 from temper.errors import ConfigError
+from temper.records import Task
 
 MOVES = {"left": (-1, 0), "right": (1, 0), "up": (0, -1), "down": (0, 1)}
 

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from temper.data.base import Task
 from temper.engine.base import SamplingParams
 from temper.envs import AssistantTurn, ToolEnv, execute_tool_calls, parse_tool_calls
 from temper.models import load_tokenizer
+from temper.records import Task
 from temper.rewards.base import RewardInput
 from temper.rewards.tool_call_ast import ToolCallASTReward, check_tool_calls, extract_tool_calls
 from temper.rollout.multi_turn import run_episodes

@@ -9,9 +9,9 @@ import random
 import pytest
 
 from scripted_engine import ScriptedEngine
-from temper.data.base import Task
-from temper.envs.base import AssistantTurn, EpisodeLimits
-from temper.envs.registry import build_env_spec
+from temper.builder.tasks import build_env_spec
+from temper.config.env import EpisodeLimits
+from temper.envs.base import AssistantTurn
 from temper.envs.replay import replay_episode
 from temper.envs.tool_use import (
     CATEGORIES,
@@ -21,9 +21,10 @@ from temper.envs.tool_use import (
     is_heldout,
     make_task,
 )
-from temper.envs.tools import parse_tool_calls
 from temper.errors import ConfigError
 from temper.models import load_tokenizer
+from temper.models.tool_calls import parse_tool_calls
+from temper.records import Task
 from temper.rollout.multi_turn import run_episodes
 from temper.sandbox import Sandbox
 

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
+from temper.builder.tasks import build_env_spec
 from temper.data.visual import png_bytes
 from temper.envs.base import AssistantTurn, Env
-from temper.envs.registry import build_env_spec
 from temper.envs.visual_grid import (
     MOVES,
     GridTasks,
@@ -123,9 +123,9 @@ def test_grid_episodes_of_a_vlm_replay_exactly(tmp_path):
     finds the same hashes. A changed picture hash is reported."""
     import json
 
+    from temper.config.env import EpisodeLimits
     from temper.engine.base import SamplingParams
     from temper.engine.native import NativeEngine
-    from temper.envs.base import EpisodeLimits
     from temper.envs.replay import replay_episode
     from temper.models import load_tokenizer, resolve_model_path
     from temper.rollout.multi_turn import run_episodes

@@ -18,7 +18,6 @@ import pytest
 from scripted_engine import ScriptedEngine
 from temper.cli.main import main
 from temper.config import config_from_dict
-from temper.data.base import Task
 from temper.envs.base import AssistantTurn
 from temper.errors import DataError
 from temper.eval.bfcl import (
@@ -35,6 +34,7 @@ from temper.eval.bfcl import (
 from temper.eval.harness import evaluate
 from temper.eval.suites import SuitePlan, build_suite
 from temper.models import load_tokenizer, resolve_model_path
+from temper.records import Task
 from temper.rewards.tool_call_ast import check_tool_calls
 
 

@@ -10,12 +10,14 @@ import math
 import pytest
 from fastapi import FastAPI, Request
 
+from temper.cli.eval import run_eval
 from temper.cli.main import main as cli_main
 from temper.config import config_from_dict
-from temper.engine import SamplingParams, build_engine
-from temper.engine.openai_endpoint import OpenAIEndpointEngine, api_key_from_env
+from temper.engine import SamplingParams
+from temper.engine.native import NativeEngine
+from temper.engine.openai_endpoint import OpenAIEndpointEngine
 from temper.errors import ConfigError
-from temper.eval.run import run_eval
+from temper.http_client import api_key_from_env
 from temper.models import load_model, load_tokenizer
 from temper.serve import start_server
 from temper.serve.runner import serve_app_in_thread
@@ -31,7 +33,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def server(tokenizer):
-    engine = build_engine("native", load_model("tiny"), tokenizer)
+    engine = NativeEngine(load_model("tiny"), tokenizer)
     handle = start_server(engine, tokenizer, "127.0.0.1", 0, model_name="tiny")
     yield handle
     handle.stop()
@@ -67,7 +69,7 @@ def test_generate_returns_server_ids_and_logprobs(server, tokenizer):
 
     async def both():
         remote = OpenAIEndpointEngine(server.base_url, tokenizer)
-        local = build_engine("native", load_model("tiny"), tokenizer)
+        local = NativeEngine(load_model("tiny"), tokenizer)
         try:
             return await remote.generate(ids, params), await local.generate(ids, params), remote
         finally:
@@ -144,8 +146,8 @@ def test_config_and_training_refused(monkeypatch):
     monkeypatch.delenv("TEMPER_NO_SUCH_KEY", raising=False)
     with pytest.raises(ConfigError, match="TEMPER_NO_SUCH_KEY"):
         api_key_from_env("TEMPER_NO_SUCH_KEY")
-    from temper.orchestrator.sync import SyncOrchestrator
+    from temper.orchestrator.loop import Orchestrator
 
     cfg = config_from_dict({"engine": {"type": "openai", "base_url": "http://127.0.0.1:9/v1"}})
     with pytest.raises(ConfigError, match="'openai' cannot train"):
-        SyncOrchestrator(cfg)
+        Orchestrator(cfg)

@@ -2,9 +2,8 @@
 
 import asyncio
 
-from temper.data.base import Task
 from temper.eval.harness import evaluate
-from temper.rollout.trajectory import Trajectory
+from temper.records import Task, Trajectory
 
 
 class KnownOutcomes:

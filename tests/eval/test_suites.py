@@ -10,7 +10,6 @@ import pytest
 from scripted_engine import ScriptedEngine
 from temper.cli.main import main
 from temper.config import config_from_dict
-from temper.data.base import Task
 from temper.eval.harness import evaluate
 from temper.eval.suites import (
     GSM8K_DEFAULT,
@@ -21,7 +20,7 @@ from temper.eval.suites import (
     repo_root,
 )
 from temper.models import load_tokenizer, resolve_model_path
-from temper.rollout.trajectory import Trajectory
+from temper.records import Task, Trajectory
 
 
 def _error_line(capsys, argv: list[str]) -> str:

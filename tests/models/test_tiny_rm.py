@@ -10,7 +10,7 @@ from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
 from temper.data.preferences import make_pairs
 from temper.models import TINY_RM_DIR, resolve_model_path
-from temper.serve.reward_model import load_reward_model
+from temper.rewards.rm_batcher import load_reward_model
 
 #: The accuracy the shipped model must reach on held-out pairs it was never trained on.
 MIN_ACCURACY = 0.9

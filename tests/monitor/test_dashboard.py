@@ -25,7 +25,7 @@ from temper.config import load_config
 from temper.monitor.dashboard import DashboardServer
 from temper.monitor.sinks import JsonlSink, read_jsonl, truncate_jsonl_after_step
 from temper.orchestrator.run_dir import RunDir
-from temper.rollout.trajectory import Trajectory
+from temper.records import Trajectory
 
 TINY_TOKENIZER = Path(temper.__file__).parent / "models" / "tiny" / "tokenizer.json"
 IM_END = "<|im_end|>"

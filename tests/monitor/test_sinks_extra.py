@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from temper.builder.sinks import build_sinks
 from temper.cli.main import main
 from temper.config.schema import LogConfig
 from temper.errors import ConfigError
@@ -19,7 +20,6 @@ from temper.monitor.external_sinks import (
     MlflowSink,
     TensorBoardSink,
     WandbSink,
-    build_sinks,
     check_sinks,
     mlflow_key,
 )

@@ -19,12 +19,12 @@ import json
 from pathlib import Path
 
 from temper.config import load_config
-from temper.data.base import Task
+from temper.config.env import EpisodeLimits
 from temper.data.visual import render, to_task
 from temper.engine.base import SamplingParams
-from temper.envs.base import EpisodeLimits
 from temper.envs.visual_grid import GridTasks, VisualGridEnv
 from temper.orchestrator.run_dir import RunDir
+from temper.records import Task
 from temper.rollout.multi_turn import run_episodes
 from temper.rollout.single_turn import PromptRenderer, rollout_groups
 from temper.vision.prompting import PromptImages

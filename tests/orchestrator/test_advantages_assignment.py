@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-from temper.orchestrator.sync import assign_advantages
-from temper.rollout.trajectory import Trajectory
+from temper.orchestrator.advantages import assign_advantages
+from temper.records import Trajectory
 
 
 def _t(group, reward):

@@ -105,7 +105,7 @@ class _GatedSource:
         self.gates: dict[str, asyncio.Event] = {}
 
     async def groups(self, tasks, params, seed=None):
-        from temper.rollout.trajectory import Trajectory
+        from temper.records import Trajectory
 
         [task] = tasks
         started = self.version()
@@ -129,9 +129,9 @@ class _GatedSource:
 
 
 def test_finished_groups_are_taken_oldest_first():
-    from temper.data.base import Task
     from temper.engine.base import SamplingParams
     from temper.orchestrator.async_rollouts import AsyncRollouts
+    from temper.records import Task
 
     version = [0]
     source = _GatedSource(lambda: version[0])

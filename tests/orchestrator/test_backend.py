@@ -6,18 +6,21 @@ import asyncio
 
 import torch
 
+from temper.backends.base import RolloutBackend, publish_weights
+from temper.backends.local import LocalBackend
+from temper.builder.backends import build_backend
+from temper.builder.model import load_run_model
+from temper.builder.tasks import build_run_tasks
 from temper.config import config_from_dict
 from temper.engine.base import SamplingParams
-from temper.models import load_model, load_tokenizer, resolve_model_path
-from temper.orchestrator.backend import LocalBackend, RolloutBackend, publish_weights
-from temper.orchestrator.placement import build_backend
+from temper.models import load_model, resolve_model_path
 from temper.weights.transport import InProcessTransport
 
 
 def test_local_backend_publishes_through_its_transport_and_declares_its_engines_abilities():
     cfg = config_from_dict({"run": {"seed": 1}, "data": {"eval_size": 4}})
     path = str(resolve_model_path("tiny"))
-    backend = build_backend(cfg, path, load_tokenizer(path))
+    backend = build_backend(cfg, load_run_model(cfg), build_run_tasks(cfg))
     try:
         assert isinstance(backend, LocalBackend) and isinstance(backend, RolloutBackend)
         assert backend.abilities.release_memory and not backend.abilities.sleep

@@ -6,7 +6,8 @@ import math
 import torch
 
 from temper.cli.main import main
-from temper.monitor.health import HealthCheck, HealthConfig, HealthMonitor
+from temper.config.health import HealthCheck, HealthConfig
+from temper.monitor.health import HealthMonitor
 
 GOOD = {
     "loss": 0.1, "grad_norm": 1.0, "entropy": 0.8, "kl": 0.01, "reward_mean": 0.3,

@@ -24,20 +24,25 @@ from typing import Any
 import pytest
 import torch
 
+from temper.backends.remote import RemoteBackend
+from temper.backends.routing import WorkerError
+from temper.builder.engines import build_engine
+from temper.builder.model import RunModel, load_run_model
+from temper.builder.rollouts import build_rollouts
+from temper.builder.tasks import build_run_tasks, build_tasks
 from temper.cli.main import main
 from temper.config import config_from_dict
 from temper.engine.base import SamplingParams
 from temper.errors import ConfigError
 from temper.models import load_model, load_tokenizer, resolve_model_path
-from temper.orchestrator.build import build_engine, build_rollouts, build_tasks
-from temper.orchestrator.remote import RemoteBackend, WorkerError
 
 ray = pytest.importorskip("ray")
 
-from temper.orchestrator.backend import publish_weights  # noqa: E402
-from temper.orchestrator.placement import start_remote_backend  # noqa: E402
-from temper.orchestrator.remote.ray_actor import ray_settings, start_ray  # noqa: E402
-from temper.orchestrator.remote.ray_pool import RayWorkerPool  # noqa: E402
+from temper.backends.base import publish_weights  # noqa: E402
+from temper.backends.ray_pool import RayWorkerPool  # noqa: E402
+from temper.builder.backends import build_backend  # noqa: E402
+from temper.builder.rollouts import build_worker_parts  # noqa: E402
+from temper.ray_cluster import ray_settings, start_ray  # noqa: E402
 from temper.weights import push_weights  # noqa: E402
 
 PARAMS = SamplingParams(n=2, temperature=1.0, max_new_tokens=12)
@@ -109,10 +114,12 @@ def _alive(pid: int) -> bool:
 
 
 def ray_rollouts(cfg, model_path: str) -> RemoteBackend:
-    """The run's Ray backend, as `orchestrator.placement.build_backend` starts it."""
+    """The run's Ray backend, as the builder starts it."""
     cfg = cfg.model_copy(deep=True)
     cfg.orchestrator.backend = "ray"
-    return start_remote_backend(cfg, model_path, load_tokenizer(_model_path()), None)
+    # The weights path as given, even one that does not exist (the actors fail to load it).
+    model = RunModel(model_path, _model_path(), load_tokenizer(_model_path()), None, None)
+    return build_backend(cfg, model, build_run_tasks(cfg))  # type: ignore[return-value]
 
 
 def _perturbed_weights() -> dict[str, torch.Tensor]:
@@ -132,9 +139,9 @@ def _actor_versions(pool: RayWorkerPool) -> list[int]:
 def test_ray_groups_match_local_and_weights_reach_actors(ray_cluster):
     cfg = _cfg("ray-same")
     tasks = _tasks(cfg, 4)
-    tok = load_tokenizer(_model_path())
-    engine = build_engine(cfg, _model_path(), tok)
-    local = build_rollouts(cfg, engine, tok).source
+    model = load_run_model(cfg)
+    engine = build_engine(cfg, model)
+    local = build_rollouts(cfg, engine, model, build_run_tasks(cfg)).source
     remote = ray_rollouts(cfg, _model_path())
     try:
         pids = remote.pool.pids()
@@ -308,23 +315,24 @@ def test_an_actor_that_cannot_build_fails_the_start_at_once(ray_cluster):
 
 
 def test_missing_ray_is_one_line_naming_the_extra(monkeypatch):
-    from temper.orchestrator.remote import ray_actor
+    from temper import ray_cluster
 
     monkeypatch.setitem(sys.modules, "ray", None)  # import ray -> ImportError
     with pytest.raises(
         ConfigError,
         match=r"^orchestrator\.backend = 'ray' needs Ray: pip install 'temper-rl\[ray\]'$",
     ):
-        ray_actor.import_ray()
+        ray_cluster.import_ray()
 
 
-def test_ray_settings_default_before_the_schema_has_them():
+def test_ray_settings_defaults_and_a_bad_placement():
     assert ray_settings(_cfg("x")) == (None, "pack", 1.0)
     with pytest.raises(ValueError, match="placement"):
         RayWorkerPool(
             _cfg("x"),
             "tiny",
             1,
+            build_worker_parts,
             ring_root=None,
             heartbeat_timeout_s=1,
             max_retries=0,

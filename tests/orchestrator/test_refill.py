@@ -11,7 +11,7 @@ import json
 import pytest
 
 from temper.config import config_from_dict
-from temper.orchestrator.sync import SyncOrchestrator
+from temper.orchestrator.loop import Orchestrator
 
 REWARD = """
 def half_flat(prompts, completions, a, **columns):
@@ -44,7 +44,7 @@ def _run(tmp_path, name: str, refill: bool) -> list[dict]:
             "checkpoint": {"at_end": False},
         }
     )
-    orch = SyncOrchestrator(cfg)
+    orch = Orchestrator(cfg)
 
     async def go() -> None:
         try:

@@ -16,7 +16,7 @@ from temper.orchestrator.run_guard import (
     error_kind,
     resume_message,
 )
-from temper.rollout.trajectory import Trajectory
+from temper.records import Trajectory
 
 
 def _traj(error: str | None, task_id: str = "t") -> Trajectory:

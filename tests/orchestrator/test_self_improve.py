@@ -11,7 +11,7 @@ from temper.cli.main import main
 from temper.config.self_improve import RFTConfig
 from temper.models import resolve_model_path
 from temper.orchestrator.self_improve import keep_samples
-from temper.rollout.trajectory import Trajectory
+from temper.records import Trajectory
 
 SHORT = [
     "--orchestrator.steps=2",

@@ -109,13 +109,13 @@ def test_profile_flag_sets_step_one_unless_a_step_is_configured(
         async def close(self):
             pass
 
-    monkeypatch.setattr("temper.orchestrator.sync.SyncOrchestrator", FakeOrchestrator)
+    monkeypatch.setattr("temper.orchestrator.loop.Orchestrator", FakeOrchestrator)
     assert main(["train", f"--run.output_dir={tmp_path}", *extra]) == 0
     assert seen == [expected]
 
 
 def test_the_eval_line_names_each_metric_once():
-    from temper.orchestrator.sync import _eval_line
+    from temper.orchestrator.loop import _eval_line
 
     one = _eval_line(3, {"accuracy": 0.0, "pass@1": 0.025, "k": 1, "mean@1": 0.025})
     assert one == "eval step 3:  accuracy 0.000  pass@1 0.025  mean@1 0.025"

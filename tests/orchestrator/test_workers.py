@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 
+from temper.backends.remote import RemoteBackend
 from temper.cli.main import main
 from temper.config import load_config
 from temper.errors import ConfigError
 from temper.monitor.sinks import truncate_jsonl_after_step
-from temper.orchestrator.remote import RemoteBackend
 
 STEPS, PROMPTS, GROUP = 3, 4, 4
 COMMON = [

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from test_code_tests import DOUBLE_TESTS, HACKS, SNOOP
 
-from temper.data.base import Task
 from temper.envs.base import AssistantTurn
 from temper.envs.code import CodeEnv
 from temper.envs.code_tasks import CodeTasks, humaneval_tasks
+from temper.records import Task
 from temper.rewards.code_hacks import KINDS, confirmed, detect_hacks, find_hacks
 from temper.rewards.code_tests import Observed
 from temper.sandbox import SandboxPool

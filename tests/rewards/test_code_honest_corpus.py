@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from temper.data.base import Task
 from temper.envs.base import AssistantTurn
 from temper.envs.code import CodeEnv
+from temper.records import Task
 from temper.rewards.code_hacks import KINDS
 from temper.rewards.code_tests import TestCase
 from temper.sandbox import SandboxPool

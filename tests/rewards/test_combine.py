@@ -5,12 +5,13 @@ import math
 
 import pytest
 
-from temper.data.base import Task
 from temper.errors import ConfigError
+from temper.records import Task
 from temper.rewards import BoxedFormatReward, RewardInput, RewardResult, WeightedSum
+from temper.rewards.base import RewardDefaults
 
 
-class Scripted:
+class Scripted(RewardDefaults):
     """A reward that returns the given results, one per input."""
 
     def __init__(self, name: str, results: list[RewardResult]) -> None:
@@ -120,7 +121,7 @@ def test_nan_or_inf_component_scores_are_errors():
     assert out[1].error == "bad: returned inf; expected a finite number"
 
 
-class RaisesOnEmpty:
+class RaisesOnEmpty(RewardDefaults):
     """A batched reward that raises for the whole batch when one completion is empty."""
 
     name = "length"

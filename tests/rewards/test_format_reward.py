@@ -2,7 +2,7 @@
 
 import asyncio
 
-from temper.data.base import Task
+from temper.records import Task
 from temper.rewards import BoxedFormatReward, FormatReward, RewardInput
 
 TEXTS = [

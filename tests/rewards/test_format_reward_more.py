@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from temper.config.schema import RewardComponentConfig, RewardConfig
-from temper.data.base import Task
+from temper.builder.rewards import build_reward
+from temper.config.reward import JSONSchemaComponent, RewardConfig
 from temper.errors import ConfigError
-from temper.orchestrator.build import build_reward
+from temper.records import Task
 from temper.rewards import RewardInput
 from temper.rewards.format_reward import ExactMatchReward, JSONSchemaReward, extract_json_text
 
@@ -121,9 +121,9 @@ def test_config_path_builds_exact_and_json_schema():
     (result,) = run(build_reward(col), ['{"name": "A", "age": 1}'], columns={"s": SCHEMA})
     assert result.score == 1.0
     with pytest.raises(ValueError):
-        RewardComponentConfig(type="json_schema")
+        JSONSchemaComponent()
     with pytest.raises(ValueError):
-        RewardComponentConfig.model_validate(
+        JSONSchemaComponent.model_validate(
             {"type": "json_schema", "schema": {}, "schema_field": "s"}
         )
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from temper.data.base import Task
+from temper.records import Task
 from temper.rewards.answers import extract_gsm8k_answer
 from temper.rewards.base import RewardInput
 from temper.rewards.math_verify_reward import MathVerifyReward

@@ -14,9 +14,9 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from temper.data.base import Task
-from temper.engine import build_engine
+from temper.engine.native import NativeEngine
 from temper.models import load_model, load_tokenizer
+from temper.records import Task
 from temper.rewards.base import Reward, RewardInput
 from temper.rewards.judge import JudgeError, JudgeReward, fence, parse_score, parse_winner
 from temper.serve import serve_app_in_thread, start_server
@@ -299,7 +299,7 @@ def test_prompt_from_chat_messages(tokenizer):
 
 
 def test_end_to_end_on_the_tiny_model_with_the_openai_client(tokenizer):
-    engine = build_engine("native", load_model("tiny"), tokenizer)
+    engine = NativeEngine(load_model("tiny"), tokenizer)
     with start_server(engine, tokenizer, model_name="tiny") as handle:
         judge = JudgeReward(
             handle.base_url,

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from temper.data.base import Task
+from temper.records import Task
 from temper.rewards import MathVerifyReward, Reward, RewardInput
 from temper.rewards.testing import faulty_verify
 

@@ -5,11 +5,12 @@ import math
 
 import pytest
 
-from temper.config.schema import RewardComponentConfig, RewardConfig
-from temper.data.base import Task
+from temper.builder.rewards import build_reward
+from temper.config.reward import FormatComponent, OverlongComponent, RewardConfig
 from temper.errors import ConfigError
-from temper.orchestrator.build import build_reward
+from temper.records import Task
 from temper.rewards import FormatReward, RewardInput, RewardResult, WeightedSum
+from temper.rewards.base import RewardDefaults
 from temper.rewards.shaping import (
     GatedReward,
     GibberishDetector,
@@ -98,7 +99,7 @@ def test_gate_zeroes_looping_and_garbage_answers_and_logs_kind():
     assert one_char.score == 0.0 and one_char.components["hack/gibberish"] == 1.0
 
 
-class Fixed:
+class Fixed(RewardDefaults):
     def __init__(self, result: RewardResult) -> None:
         self.name = "fixed"
         self.result = result
@@ -124,8 +125,8 @@ def test_gate_keeps_negative_totals_errors_and_nan():
 def test_config_builds_overlong_and_filters():
     cfg = RewardConfig(
         components=[
-            RewardComponentConfig(type="format", weight=1.0),
-            RewardComponentConfig(type="overlong", max_tokens=100, cache_tokens=40),
+            FormatComponent(weight=1.0),
+            OverlongComponent(max_tokens=100, cache_tokens=40),
         ]
     )
     assert cfg.filters == ["repetition", "gibberish"]
@@ -153,9 +154,9 @@ def test_overlong_counts_the_sampled_tokens_when_it_has_them():
 
 def test_config_validation():
     with pytest.raises(ValueError):
-        RewardComponentConfig(type="overlong", max_tokens=10)
+        OverlongComponent(max_tokens=10)  # type: ignore[call-arg]
     with pytest.raises(ValueError):
-        RewardComponentConfig(type="overlong", max_tokens=10, cache_tokens=11)
+        OverlongComponent(max_tokens=10, cache_tokens=11)
     with pytest.raises(ValueError):
         RewardConfig(filters=["nonsense"])
     with pytest.raises(ValueError):

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from temper.builder.rewards import build_reward
 from temper.config import config_from_dict
-from temper.data.base import Task
-from temper.orchestrator.build import build_reward
+from temper.records import Task
 from temper.rewards.base import RewardInput
 from temper.rewards.tool_call_ast import (
     ToolCallASTReward,

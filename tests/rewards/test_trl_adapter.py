@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from temper.data.base import Task
 from temper.errors import TemperError
+from temper.records import Task
 from temper.rewards import Reward, RewardInput, TRLRewardFunction, load_reward_function
 from temper.rewards.base import TRAINER_STATE
 

@@ -21,14 +21,13 @@ import pytest
 import torch
 
 from scripted_engine import ScriptedEngine
-from temper.data.base import Task
 from temper.engine.base import Engine, EngineDefaults, SampleOutput, SamplingParams
 from temper.engine.native import NativeEngine
 from temper.envs import AssistantTurn, EpisodeLimits, StepResult, ToolEnv
 from temper.errors import PromptTooLongError
 from temper.models.loader import load_model, load_tokenizer
+from temper.records import Task, Trajectory
 from temper.rollout.multi_turn import episode_stats, run_episode, run_episodes
-from temper.rollout.trajectory import Trajectory
 from temper.weights.transport import WeightTransport
 
 QWEN_STYLE_TEMPLATE = (

@@ -18,20 +18,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from temper import compute
-from temper.engine import build_engine
+from temper.engine.native import NativeEngine
 from temper.models import load_model, load_tokenizer
+from temper.rewards.rm_batcher import RewardModelBatcher, load_reward_model
+from temper.rewards.rm_scoring import UnscorablePair, score_pairs, score_pairs_each
 from temper.serve import start_server
 from temper.serve.limits import HTTPLimits
 from temper.serve.protocol import APIError, ChatRequest, CompletionRequest, parse_body
-from temper.serve.reward_model import (
-    RewardModelBatcher,
-    UnscorablePair,
-    load_reward_model,
-    parse_score_request,
-    score_pairs,
-    start_rm_server,
-)
-from temper.serve.rm_scoring import score_pairs_each
+from temper.serve.reward_model import parse_score_request, start_rm_server
 from temper.serve.testing import RecordingEngine
 
 USER = [{"role": "user", "content": "What is 2+3?"}]
@@ -51,7 +45,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def llm(tokenizer):
-    engine = build_engine("native", load_model("tiny"), tokenizer)
+    engine = NativeEngine(load_model("tiny"), tokenizer)
     with start_server(engine, tokenizer, model_name="tiny", limits=SMALL) as handle:
         yield handle
 
@@ -533,10 +527,10 @@ def test_bad_limit_flags_are_one_line_errors(capsys, flags):
 def test_clients_do_not_retry_a_request_larger_than_the_queue(rm_loaded):
     """`RewardModelReward` sends 4 pairs per request to a server whose queue holds 2:
     413, given up after one attempt (a 503 would have been retried 3 times)."""
-    from temper.data.base import Task
+    from temper.http_client import retryable_status
+    from temper.records import Task
     from temper.rewards.base import RewardInput
     from temper.rewards.reward_model import RewardModelReward
-    from temper.serve.client import retryable_status
 
     handle, _ = start_rm_server(rm_loaded, max_queue=2)
     try:

@@ -12,7 +12,8 @@ import jsonschema
 import openai
 import pytest
 
-from temper.engine import build_engine
+from temper.engine.hf import HFEngine
+from temper.engine.native import NativeEngine
 from temper.models import load_model, load_tokenizer
 from temper.serve import start_server
 
@@ -49,7 +50,7 @@ VERDICT = {
 @pytest.fixture(scope="module")
 def server():
     tokenizer = load_tokenizer("tiny")
-    engine = build_engine("native", load_model("tiny"), tokenizer)
+    engine = NativeEngine(load_model("tiny"), tokenizer)
     handle = start_server(engine, tokenizer, "127.0.0.1", 0, model_name="tiny")
     yield handle
     handle.stop()
@@ -245,13 +246,16 @@ def test_non_finite_numbers_are_400s(server, name, value):
     assert "\n" not in error["message"]
 
 
+ENGINES = {"native": NativeEngine, "hf": HFEngine}
+
+
 @pytest.mark.parametrize("engine_type", ["native", "hf"])
 def test_streamed_text_stops_where_the_stop_string_starts(engine_type):
     # Greedy, the prompt continues " digits of 222350?": the stream must hold back "3"
     # and "35" (they may start the stop string) and never send text past it. The HF
     # engine does not stream tokens: its samples are sent whole, to the same text.
     tokenizer = load_tokenizer("tiny")
-    engine = build_engine(engine_type, load_model("tiny"), tokenizer)
+    engine = ENGINES[engine_type](load_model("tiny"), tokenizer)
     handle = start_server(engine, tokenizer, "127.0.0.1", 0, model_name="tiny")
     try:
         client = openai.OpenAI(base_url=handle.base_url, api_key="x", max_retries=0, timeout=60)

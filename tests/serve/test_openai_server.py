@@ -13,7 +13,7 @@ import openai
 import pytest
 
 from temper.cli.main import main as cli_main
-from temper.engine import build_engine
+from temper.engine.native import NativeEngine
 from temper.models import load_model, load_tokenizer
 from temper.serve import start_server
 from temper.serve.testing import RecordingEngine
@@ -40,7 +40,7 @@ def tokenizer():
 
 @pytest.fixture(scope="module")
 def server(tokenizer):
-    engine = build_engine("native", load_model("tiny"), tokenizer)
+    engine = NativeEngine(load_model("tiny"), tokenizer)
     handle = start_server(engine, tokenizer, "127.0.0.1", 0, model_name="tiny")
     yield handle
     handle.stop()
@@ -330,7 +330,7 @@ def test_engine_failure_is_a_500_and_the_server_survives(tokenizer):
 
 
 def test_restart_on_the_same_native_engine(tokenizer):
-    engine = build_engine("native", load_model("tiny"), tokenizer)
+    engine = NativeEngine(load_model("tiny"), tokenizer)
     for _ in range(2):
         t0 = time.monotonic()
         handle = start_server(engine, tokenizer, model_name="tiny")

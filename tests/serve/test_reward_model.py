@@ -11,19 +11,17 @@ import pytest
 import torch
 
 from temper import compute
-from temper.data.base import Task
+from temper.records import Task
 from temper.rewards.base import Reward, RewardInput
 from temper.rewards.reward_model import RewardModelReward
-from temper.serve.reward_model import (
+from temper.rewards.rm_batcher import (
     BatcherClosed,
     Overloaded,
     RewardModelBatcher,
-    length_groups,
     load_reward_model,
-    parse_score_request,
-    score_pairs,
-    start_rm_server,
 )
+from temper.rewards.rm_scoring import length_groups, score_pairs
+from temper.serve.reward_model import parse_score_request, start_rm_server
 
 PAIRS = [
     ("What is 2+3?", "5"),

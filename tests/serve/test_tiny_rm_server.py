@@ -12,7 +12,8 @@ import pytest
 
 from temper import compute
 from temper.data.preferences import make_pairs
-from temper.serve.reward_model import load_reward_model, score_pairs
+from temper.rewards.rm_batcher import load_reward_model
+from temper.rewards.rm_scoring import score_pairs
 
 
 def _free_port() -> int:

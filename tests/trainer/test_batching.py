@@ -6,7 +6,7 @@ import torch
 
 from fp32 import SAME_MATH
 from temper.models import load_model
-from temper.rollout.trajectory import Trajectory
+from temper.records import Trajectory
 from temper.trainer.batching import collate, plan_micro_batches
 from temper.trainer.forward import response_logits
 from temper.trainer.optim import lr_multiplier

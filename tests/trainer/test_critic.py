@@ -12,7 +12,7 @@ from fp32 import SAME_MATH
 from temper.config.critic import CriticConfig
 from temper.config.schema import AlgoConfig, TrainerConfig
 from temper.models import load_model
-from temper.rollout.trajectory import Trajectory
+from temper.records import Trajectory
 from temper.trainer.critic import Critic, gae_targets
 from temper.trainer.policy_trainer import PolicyTrainer
 

@@ -20,11 +20,10 @@ from fp32 import SAME_MATH
 from temper.config.schema import AlgoConfig, TrainerConfig
 from temper.errors import ConfigError
 from temper.models import load_model, load_tokenizer
-from temper.rollout.trajectory import Trajectory
+from temper.records import Trajectory
 from temper.trainer.checkpoint import (
     DCP_DIR,
     load_checkpoint_state,
-    restore_trainer,
     save_checkpoint,
 )
 from temper.trainer.distributed import DistributedTrainer, TrainerWorkerError, resolve_backend
@@ -105,18 +104,18 @@ def scenario(tmp_path_factory):
 
         # 2 -> 1: the DCP checkpoint in one process.
         resumed = _plain(str(r["dist_ckpt"]))
-        restore_trainer(resumed, load_checkpoint_state(r["dist_ckpt"])[1], r["dist_ckpt"])
+        resumed.load_checkpoint(r["dist_ckpt"], load_checkpoint_state(r["dist_ckpt"])[1])
         r["2to1_stats2"] = resumed.train_step(_batch(2))
         r["2to1_w2"] = _weights(resumed.model)
 
         # 1 -> 2: the one-process checkpoint on the two ranks (weights included).
-        restore_trainer(dist, load_checkpoint_state(r["plain_ckpt"])[1], r["plain_ckpt"])
+        dist.load_checkpoint(r["plain_ckpt"], load_checkpoint_state(r["plain_ckpt"])[1])
         r["1to2_w1"] = _weights(dist.model)
         r["1to2_stats2"] = dist.train_step(_batch(2))
         r["1to2_w2"] = _weights(dist.model)
 
         # 2 -> 2: the DCP checkpoint back on the ranks.
-        restore_trainer(dist, load_checkpoint_state(r["dist_ckpt"])[1], r["dist_ckpt"])
+        dist.load_checkpoint(r["dist_ckpt"], load_checkpoint_state(r["dist_ckpt"])[1])
         dist.train_step(_batch(2))
         r["2to2_w2"] = _weights(dist.model)
 

@@ -13,7 +13,7 @@ from temper.config.algo import AlgoConfig
 from temper.config.trainer import TrainerConfig
 from temper.errors import ConfigError
 from temper.models import load_model, load_tokenizer
-from temper.trainer.checkpoint import load_checkpoint_state, restore_trainer, save_checkpoint
+from temper.trainer.checkpoint import load_checkpoint_state, save_checkpoint
 from temper.trainer.distributed import DistributedTrainer
 from temper.trainer.expert_parallel import expert_modules
 from temper.trainer.policy_trainer import PolicyTrainer
@@ -44,7 +44,7 @@ def scenario(tmp_path_factory):
     finally:
         ep.close()
     one = PolicyTrainer(load_model(str(ckpt)), CFG, AlgoConfig(), TOTAL_STEPS, pad_id=0)
-    restore_trainer(one, load_checkpoint_state(ckpt)[1], ckpt)
+    one.load_checkpoint(ckpt, load_checkpoint_state(ckpt)[1])
     one.train_step(_batch(2))
     r["to_one_w2"] = _weights(one.model)
     return r

@@ -15,7 +15,7 @@ import torch
 from fp32 import SAME_MATH
 from temper.config.schema import AlgoConfig, TrainerConfig
 from temper.models import load_model
-from temper.rollout.trajectory import Trajectory
+from temper.records import Trajectory
 from temper.trainer.distributed import DistributedTrainer
 from temper.trainer.policy_trainer import PolicyTrainer
 

@@ -18,8 +18,8 @@ from tests.trainer.test_distributed import CFG, TOL, TOTAL_STEPS, _batch, _max_d
 from temper.config.schema import AlgoConfig, TrainerConfig
 from temper.errors import ConfigError
 from temper.models import load_model, load_tokenizer
-from temper.rollout.trajectory import Trajectory
-from temper.trainer.checkpoint import load_checkpoint_state, restore_trainer, save_checkpoint
+from temper.records import Trajectory
+from temper.trainer.checkpoint import load_checkpoint_state, save_checkpoint
 from temper.trainer.distributed import DistributedTrainer
 from temper.trainer.packing import collate_packed, packed_logits, pad_packed
 from temper.trainer.pipeline import stage_layers
@@ -63,15 +63,15 @@ def scenario(tmp_path_factory):
         tp2pp2.close()
     state = load_checkpoint_state(ckpt)[1]
     one = PolicyTrainer(load_model(str(ckpt)), PACKED, AlgoConfig(), TOTAL_STEPS, pad_id=0)
-    restore_trainer(one, state, ckpt)  # TP2 x PP2 -> one process
+    one.load_checkpoint(ckpt, state)  # TP2 x PP2 -> one process
     one.train_step(_batch(2))
     r["to_one_w2"] = _weights(one.model)
     pp2 = _dist(2, 1, 2, "gpipe")
     try:
-        restore_trainer(pp2, state, ckpt)  # TP2 x PP2 -> PP2
+        pp2.load_checkpoint(ckpt, state)  # TP2 x PP2 -> PP2
         r["to_pp2_stats2"] = pp2.train_step(_batch(2))
         r["to_pp2_w2"] = _weights(pp2.model)
-        restore_trainer(pp2, load_checkpoint_state(plain_ckpt)[1], plain_ckpt)  # one -> PP2
+        pp2.load_checkpoint(plain_ckpt, load_checkpoint_state(plain_ckpt)[1])  # one -> PP2
         r["one_to_pp2_stats2"] = pp2.train_step(_batch(2))
         r["one_to_pp2_w2"] = _weights(pp2.model)
     finally:

@@ -12,7 +12,7 @@ from tests.trainer.loss_grads import summed_loss_and_grads
 from fp32 import SAME_MATH
 from temper.config.schema import AlgoConfig, TrainerConfig
 from temper.models import load_model
-from temper.rollout.trajectory import Trajectory
+from temper.records import Trajectory
 from temper.trainer.policy_trainer import PolicyTrainer
 
 OBJECTIVES = {

@@ -14,7 +14,7 @@ from tests.trainer.test_distributed import CFG, TOL, TOTAL_STEPS, _batch, _max_d
 from temper.config.schema import AlgoConfig, TrainerConfig
 from temper.errors import ConfigError
 from temper.models import load_model, load_tokenizer
-from temper.trainer.checkpoint import load_checkpoint_state, restore_trainer, save_checkpoint
+from temper.trainer.checkpoint import load_checkpoint_state, save_checkpoint
 from temper.trainer.distributed import DistributedTrainer
 from temper.trainer.policy_trainer import PolicyTrainer
 
@@ -56,14 +56,14 @@ def scenario(tmp_path_factory):
             dp2tp2.close()
         state = load_checkpoint_state(ckpt)[1]
         # FSDP2 x TP2 -> TP2 (the same two ranks as above, now resuming).
-        restore_trainer(tp2, state, ckpt)
+        tp2.load_checkpoint(ckpt, state)
         r["to_tp2_stats2"] = tp2.train_step(_batch(2))
         r["to_tp2_w2"] = _weights(tp2.model)
     finally:
         tp2.close()
     # FSDP2 x TP2 -> one process.
     one = PolicyTrainer(load_model(str(ckpt)), CFG, AlgoConfig(), TOTAL_STEPS, pad_id=0)
-    restore_trainer(one, state, ckpt)
+    one.load_checkpoint(ckpt, state)
     r["to_one_w2"] = (one.train_step(_batch(2)), _weights(one.model))[1]
     return r
 

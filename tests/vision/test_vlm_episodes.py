@@ -7,10 +7,11 @@ from __future__ import annotations
 import asyncio
 from typing import ClassVar
 
-from temper.data.base import Task
+from temper.config.env import EpisodeLimits
 from temper.engine.base import SamplingParams
 from temper.engine.hf import HFEngine
-from temper.envs.base import AssistantTurn, EpisodeLimits, StepResult
+from temper.envs.base import AssistantTurn, StepResult
+from temper.records import Task
 from temper.rollout.multi_turn import run_episodes
 from temper.vision import ImageStore
 from temper.vision.prompting import PromptImages

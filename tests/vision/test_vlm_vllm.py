@@ -9,8 +9,8 @@ import asyncio
 import pytest
 import torch
 
-from temper.data.base import Task
 from temper.engine.base import SamplingParams
+from temper.records import Task
 from temper.rollout.single_turn import PromptRenderer, rollout_groups
 from temper.vision import ImageStore, load_image
 from temper.vision.processor import VisionProcessor

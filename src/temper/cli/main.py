@@ -50,12 +50,6 @@ def _add_limit_flags(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _limits(args: argparse.Namespace) -> Any:
-    from temper.serve.limits import HTTPLimits
-
-    return HTTPLimits.from_flags(args.max_body_mb, args.header_timeout_s, args.body_timeout_s)
-
-
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """Epilogs keep their line breaks; every flag with a real default shows it."""
 
@@ -257,46 +251,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _eval_config(args: argparse.Namespace, overrides: list[str]) -> Any:
-    """CONFIG, else the config of the run that wrote --checkpoint, else the default run."""
-    from temper.config.load import load_config, load_run_config, run_config_path
-
-    run_config = run_config_path(args.checkpoint) if args.checkpoint else None
-    if args.config is None and run_config is not None:
-        print(f"config: {run_config} (the checkpoint's run)", file=sys.stderr)
-        return load_run_config(run_config, overrides)
-    return load_config(args.config, overrides)
-
-
-def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> int:
-    from temper.eval.report import print_eval_table
-    from temper.eval.run import run_eval
-
-    if args.checkpoint:
-        overrides = [*overrides, f"model.path={json.dumps(args.checkpoint)}"]
-    cfg = _eval_config(args, overrides)
-    result = asyncio.run(run_eval(cfg, args.suite, args.suite_path))
-    print_eval_table(result)
-    if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1))
-    return 0
-
-
-def cmd_generate(args: argparse.Namespace, overrides: list[str]) -> int:
-    from temper.eval.run import generate_text
-
-    if overrides:
-        raise ConfigError(f"generate takes no config overrides, got {overrides[0]!r}")
-    texts = asyncio.run(
-        generate_text(
-            args.model, args.prompt, args.n, args.temperature, args.max_new_tokens, args.seed
-        )
-    )
-    for i, text in enumerate(texts):
-        print(f"[{i}] {text}")
-    return 0
-
-
 def cmd_report(args: argparse.Namespace) -> int:
     from temper.monitor.report import write_report
 
@@ -339,8 +293,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
+    from temper.builder.tasks import build_env_spec
     from temper.config.load import load_run_config
-    from temper.envs.registry import build_env_spec
     from temper.envs.replay import replay_episode
     from temper.monitor.sinks import read_jsonl
 
@@ -376,39 +330,6 @@ def cmd_replay(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
-def cmd_serve(args: argparse.Namespace, overrides: list[str]) -> int:
-    from temper.serve import run_server
-
-    if overrides:
-        raise ConfigError(f"serve takes no config overrides, got {overrides[0]!r}")
-    run_server(
-        args.model,
-        args.engine,
-        args.host,
-        args.port,
-        model_name=args.served_model_name,
-        limits=_limits(args),
-    )
-    return 0
-
-
-def cmd_serve_rm(args: argparse.Namespace, overrides: list[str]) -> int:
-    from temper.serve.reward_model import run_rm_server
-
-    if overrides:
-        raise ConfigError(f"serve-rm takes no config overrides, got {overrides[0]!r}")
-    run_rm_server(
-        args.model,
-        args.host,
-        args.port,
-        max_batch_size=args.max_batch_size,
-        max_wait_ms=args.max_wait_ms,
-        max_queue=args.max_queue,
-        limits=_limits(args),
-    )
-    return 0
-
-
 def cmd_dash(args: argparse.Namespace, overrides: list[str]) -> int:
     from temper.monitor.dashboard import serve
 
@@ -435,10 +356,9 @@ def cmd_dash(args: argparse.Namespace, overrides: list[str]) -> int:
 def _quiet_libraries() -> None:
     """Keep the terminal for Temper's own progress: no per-load bars from transformers."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from transformers.utils import logging as hf_logging
+    from temper.models.loader import quiet_transformers
 
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
+    quiet_transformers()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -450,8 +370,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "train":
             return cmd_train(args, overrides)
         if args.command == "eval":
+            from temper.cli.eval import cmd_eval
+
             return cmd_eval(args, overrides)
         if args.command == "generate":
+            from temper.cli.eval import cmd_generate
+
             return cmd_generate(args, overrides)
         if args.command == "replay":
             return cmd_replay(args)
@@ -462,8 +386,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "plan":
             return cmd_plan(args)
         if args.command == "serve":
+            from temper.cli.serve import cmd_serve
+
             return cmd_serve(args, overrides)
         if args.command == "serve-rm":
+            from temper.cli.serve import cmd_serve_rm
+
             return cmd_serve_rm(args, overrides)
         if args.command == "dash":
             return cmd_dash(args, overrides)

@@ -16,8 +16,8 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     learn); 130 interrupted (a checkpoint was written; continue with --run.resume=true).
     """
     from temper.config import load_config
+    from temper.orchestrator.loop import Orchestrator
     from temper.orchestrator.run_dir import is_write_error, write_error
-    from temper.orchestrator.sync import SyncOrchestrator
 
     cfg = load_config(args.config, overrides)
     if (served := _serve_launched_rank(cfg)) is not None:
@@ -26,8 +26,8 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
         cfg.log.profile_step = 1  # a step chosen in the config or overrides wins
     run_path = Path(cfg.run.output_dir) / cfg.run.name
 
-    async def go() -> tuple[dict, SyncOrchestrator]:
-        orch = SyncOrchestrator(cfg)
+    async def go() -> tuple[dict, Orchestrator]:
+        orch = Orchestrator(cfg)
         try:
             return await orch.run(), orch
         finally:

@@ -40,20 +40,29 @@ def type_name(annotation: Any) -> str:
         return " | ".join(json.dumps(a) for a in get_args(annotation))
     if origin in (typing.Union, types.UnionType):
         return " | ".join(type_name(a) for a in get_args(annotation))
+    if origin is typing.Annotated:
+        return type_name(get_args(annotation)[0])
     if origin is not None:
-        name = getattr(origin, "__name__", str(origin))
+        name = origin.__name__ if isinstance(origin, type) else str(origin)
         return f"{name}[{', '.join(type_name(a) for a in get_args(annotation))}]"
     if annotation is type(None):
         return "None"
     if annotation is Any:
         return "Any"
-    return getattr(annotation, "__name__", str(annotation))
+    return annotation.__name__ if isinstance(annotation, type) else str(annotation)
+
+
+def _short_dump(model: BaseModel) -> dict[str, Any]:
+    """A section's non-default values, and its ``type`` always (it says which class)."""
+    dumped = model.model_dump(mode="json", exclude_defaults=True)
+    tag = dict(model).get("type")
+    return {"type": tag, **dumped} if tag is not None else dumped
 
 
 def default_text(field: FieldInfo, parent: BaseModel | None = None, name: str = "") -> str:
     """The default; inside a section whose default is an instance, that instance's value."""
     if parent is not None:
-        value = getattr(parent, name)
+        value = dict(parent)[name]
     elif field.is_required():
         return "required"
     else:
@@ -63,7 +72,7 @@ def default_text(field: FieldInfo, parent: BaseModel | None = None, name: str = 
     if value is None:
         return "unset"
     if isinstance(value, list) and value and isinstance(value[0], BaseModel):
-        value = [v.model_dump(mode="json", exclude_defaults=True) for v in value]
+        value = [_short_dump(v) for v in value]
     return json.dumps(value)
 
 
@@ -71,52 +80,76 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _model_of(annotation: Any) -> type[BaseModel] | None:
-    """The section model of a field (or of its list items), if it is one."""
-    for candidate in (annotation, *get_args(annotation)):
-        if isinstance(candidate, type) and issubclass(candidate, BaseModel):
-            return candidate
-    return None
+def _models_of(annotation: Any) -> list[type[BaseModel]]:
+    """The section models of a field: its model, its list items' model, or each class
+    of a union chosen by ``type`` (`temper.config.engine`, `temper.config.reward`)."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return [annotation]
+    origin, args = get_origin(annotation), get_args(annotation)
+    if origin is typing.Annotated:
+        return _models_of(args[0])
+    if origin in (list, typing.Union, types.UnionType):
+        return [m for a in args for m in _models_of(a)]
+    return []
+
+
+def _tag(model: type[BaseModel]) -> str | None:
+    """The ``type`` that selects ``model`` in its union, if it is a union's member."""
+    field = model.model_fields.get("type")
+    args = get_args(field.annotation) if field is not None else ()
+    return str(args[0]) if len(args) == 1 else None
 
 
 def _section(
     title: str, model: type[BaseModel], out: list[str], instance: BaseModel | None = None
 ) -> None:
     """One table per section; nested sections follow with `instance`, their default."""
-    out += ["", f"## `{title}`", ""]
+    out += ["", f"## {title}", ""]
     doc = (model.__doc__ or "").strip()
     if doc and not doc.startswith("!!!"):  # pydantic's own BaseModel docstring
         out += [" ".join(doc.split()), ""]
     out += ["| key | type | default | description |", "|---|---|---|---|"]
     nested: list[tuple[str, type[BaseModel], BaseModel | None]] = []
-    for name, field in model.model_fields.items():
-        sub = _model_of(field.annotation)
+    key = title.split("`")[1]
+    # A union member's ``type`` first: it says which class the rest belongs to.
+    fields = sorted(model.model_fields.items(), key=lambda item: item[0] != "type")
+    for name, field in fields:
+        subs = _models_of(field.annotation)
         out.append(
             f"| `{name}` | `{_cell(type_name(field.annotation))}` | "
             f"`{_cell(default_text(field, instance, name))}` | {_cell(field.description or '')} |"
         )
-        if sub is None:
-            continue
         if get_origin(field.annotation) is list:
-            nested.append((f"{title}.{name}[]", sub, None))
-        else:
+            nested += [(_titled(f"{key}.{name}[]", sub), sub, None) for sub in subs]
+        elif subs:
             value = (
-                getattr(instance, name)
+                dict(instance)[name]
                 if instance is not None
                 else field.get_default(call_default_factory=True)
             )
-            nested.append((f"{title}.{name}", sub, value if isinstance(value, sub) else None))
+            for sub in subs:
+                fits = value if isinstance(value, sub) else None
+                nested.append((_titled(f"{key}.{name}", sub), sub, fits))
     for sub_title, sub, value in nested:
         _section(sub_title, sub, out, value)
+
+
+def _titled(title: str, model: type[BaseModel]) -> str:
+    """The heading of a section: its dotted key, and the ``type`` that selects it."""
+    tag = _tag(model)
+    return f"`{title}` (type = {json.dumps(tag)})" if tag is not None else f"`{title}`"
 
 
 def render_config_doc() -> str:
     """The whole of docs/config.md."""
     out = [HEADER.rstrip("\n")]
     for name, field in Config.model_fields.items():
-        model = _model_of(field.annotation)
-        assert model is not None, name
-        _section(name, model, out)
+        models = _models_of(field.annotation)
+        assert models, name
+        default = field.get_default(call_default_factory=True)
+        for model in models:
+            title = _titled(name, model) if len(models) > 1 else f"`{name}`"
+            _section(title, model, out, default if isinstance(default, model) else None)
     return "\n".join(out) + "\n"
 
 
@@ -126,14 +159,14 @@ def undocumented_keys() -> list[str]:
 
     def walk(prefix: str, model: type[BaseModel]) -> None:
         for name, field in model.model_fields.items():
-            sub = _model_of(field.annotation)
             if not field.description:
                 missing.append(f"{prefix}{name}")
-            if sub is not None:
+            for sub in _models_of(field.annotation):
                 walk(f"{prefix}{name}.", sub)
 
     for name, field in Config.model_fields.items():
-        model = _model_of(field.annotation)
-        assert model is not None, name
-        walk(f"{name}.", model)
-    return missing
+        models = _models_of(field.annotation)
+        assert models, name
+        for model in models:
+            walk(f"{name}.", model)
+    return sorted(set(missing))

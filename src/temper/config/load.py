@@ -183,13 +183,39 @@ def _resolved_override(keys: list[str], value: Any) -> Any:
     return wrapped
 
 
+#: Sections whose config class is chosen by their ``type`` (a pydantic tagged union): the
+#: tag pydantic puts in an error's location is taken out again, and named in words.
+_TAGGED = {("engine",): "engine", ("reward", "components", int): "component"}
+
+
+def _untagged(loc: tuple[Any, ...]) -> tuple[list[str], str | None]:
+    """An error location without the union tag, and the tag's words ("the hf engine")."""
+    for prefix, noun in _TAGGED.items():
+        n = len(prefix)
+        head = loc[:n]
+        fits = len(loc) > n and all(
+            isinstance(got, want) if isinstance(want, type) else got == want
+            for got, want in zip(head, prefix, strict=True)
+        )
+        if fits:
+            return [str(p) for p in (*head, *loc[n + 1 :])], f"the {loc[n]} {noun}"
+    return [str(p) for p in loc], None
+
+
 def format_validation_error(err: ValidationError) -> str:
     """One line per problem, naming the dotted field."""
     parts = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"]) or "config"
+        path, owner = _untagged(tuple(e["loc"]))
+        loc = ".".join(path) or "config"
         if e["type"] == "extra_forbidden":
-            parts.append(f"unknown config key '{loc}'")
+            has_none = f" ({owner} has no such setting)" if owner else ""
+            parts.append(f"unknown config key '{loc}'{has_none}")
+        elif e["type"] == "union_tag_invalid":
+            ctx = e.get("ctx", {})
+            parts.append(f"{loc}.type: {ctx.get('tag')!r} is not one of {ctx.get('expected_tags')}")
+        elif e["type"] == "union_tag_not_found":
+            parts.append(f"{loc}: needs a 'type'")
         else:
             got = e.get("input")
             shown = "" if isinstance(got, dict) else f" (got {_short(got)})"

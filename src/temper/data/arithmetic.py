@@ -33,7 +33,7 @@ import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from temper.data.base import Task
+from temper.records import Task
 from temper.rewards.answers import extract_boxed
 
 LEVELS: tuple[int, ...] = (1, 2, 3, 4)

@@ -32,7 +32,7 @@ from typing import Any
 from temper.data.arithmetic import ArithmeticTasks, worked_solution
 from temper.errors import DataError
 from temper.models.chat_template import IncrementalRenderer
-from temper.rollout.trajectory import Trajectory
+from temper.records import Trajectory
 
 _ROLES = ("system", "user", "assistant", "tool")
 

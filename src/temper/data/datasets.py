@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import IO, Any, Literal
 
-from temper.data.base import Task
 from temper.errors import DataError
+from temper.records import Task
 from temper.rewards.answers import extract_boxed, extract_gsm8k_answer
 
 AnswerExtractor = Literal["gsm8k", "boxed"] | Callable[[str], str | None]

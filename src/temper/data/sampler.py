@@ -11,8 +11,8 @@ from __future__ import annotations
 import random
 from typing import Any, Protocol
 
-from temper.data.base import Task
 from temper.errors import TemperError
+from temper.records import Task
 
 
 class TaskGenerator(Protocol):
@@ -20,6 +20,14 @@ class TaskGenerator(Protocol):
 
 
 class TaskSampler(Protocol):
+    """Draws the tasks of each step; its state resumes the same draws."""
+
+    @property
+    def tasks(self) -> list[Task]:
+        """The finite task list it draws from (for checks before the run), or [] for a
+        generator: procedural tasks are drawn, never listed."""
+        ...
+
     def sample(self, k: int) -> list[Task]: ...
     def state_dict(self) -> dict[str, Any]: ...
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
@@ -65,6 +73,10 @@ class ProceduralSampler:
         self.generator = generator
         self.rng = random.Random(seed)
         self.drawn = 0
+
+    @property
+    def tasks(self) -> list[Task]:
+        return []
 
     def sample(self, k: int) -> list[Task]:
         self.drawn += k

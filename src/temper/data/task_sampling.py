@@ -35,10 +35,9 @@ from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from temper.data.base import Task
 from temper.data.task_stats import TaskStats
 from temper.errors import TemperError
-from temper.rollout.trajectory import Trajectory
+from temper.records import Task, Trajectory
 
 if TYPE_CHECKING:
     from temper.config.sampler import CurriculumPoint

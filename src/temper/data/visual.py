@@ -35,7 +35,7 @@ from typing import Any
 
 from PIL import Image, ImageDraw
 
-from temper.data.base import Task
+from temper.records import Task
 from temper.rewards.answers import extract_boxed
 
 SIZE = 64

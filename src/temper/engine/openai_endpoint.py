@@ -15,7 +15,7 @@ are NaN unless the server's logprobs list has exactly as many entries.
 
 It cannot take weight updates (`update_weights` raises), so it serves eval and
 rollout-only runs, never training. Requests go through
-`temper.serve.client.ChatClient` (per-attempt timeout, retries on connection
+`temper.http_client.ChatClient` (per-attempt timeout, retries on connection
 errors, 429 and 5xx).
 """
 
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -38,7 +37,7 @@ from temper.engine.base import (
     SamplingParams,
 )
 from temper.errors import ConfigError, TemperError
-from temper.serve.client import ChatClient, ChatClientError
+from temper.http_client import ChatClient, ChatClientError
 from temper.weights.transport import WeightTransport
 
 
@@ -196,14 +195,3 @@ class OpenAIEndpointEngine(EngineDefaults):
         if session is not None and self._loop is asyncio.get_running_loop():
             await session.__aexit__(None, None, None)
         self._loop = None
-
-
-def api_key_from_env(name: str | None) -> str | None:
-    """The API key in environment variable `name` (None when unset); a named but
-    missing variable is a config error."""
-    if not name:
-        return None
-    key = os.environ.get(name)
-    if key is None:
-        raise ConfigError(f"engine.api_key_env names {name!r}, which is not set")
-    return key

@@ -16,9 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from temper.data.base import Task
+from temper.models.tool_calls import ToolCall, ToolCallError
+from temper.records import Task
 
 #: A chat message: {"role": ..., "content": ...} plus template-specific keys
 #: (e.g. "tool_calls", "name", "tool_call_id").
@@ -32,36 +31,6 @@ Message = dict[str, Any]
 EpisodeFinish = Literal[
     "done", "max_turns", "timeout", "token_budget", "length", "env_error", "abort"
 ]
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """One well-formed tool call parsed from an assistant turn.
-
-    `index` is the call's position among the turn's tool-call blocks (errors
-    included); `id` names it in the tool message that answers it. `arguments`
-    is the decoded JSON object, not yet checked against the tool's schema.
-    """
-
-    name: str
-    arguments: dict[str, Any]
-    index: int = 0
-    id: str = "call_0"
-    raw: str = ""
-
-
-@dataclass(frozen=True)
-class ToolCallError:
-    """A tool-call block that could not be parsed.
-
-    `kind` is a short tag used as a metric key ("bad_json", "bad_format",
-    "unclosed"); `message` says what is wrong in words the model can read.
-    """
-
-    kind: str
-    message: str
-    index: int = 0
-    raw: str = ""
 
 
 @dataclass
@@ -126,39 +95,3 @@ class Env(Protocol):
     async def close(self) -> None:
         """Free resources (processes, sandboxes, connections)."""
         ...
-
-
-class EpisodeLimits(BaseModel):
-    """Limits the rollout loop enforces on every episode.
-
-    Token limits clip each turn's `max_new_tokens` so a turn never overruns
-    them; an observation that would not leave room for one more generated
-    token is not appended and the episode ends with "token_budget".
-    """
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    max_turns: int = Field(
-        8, ge=1, le=1000, description="Assistant turns per episode (each turn = one generate)."
-    )
-    timeout_s: float | None = Field(
-        None,
-        gt=0,
-        description="Wall-clock seconds per episode, reset and env steps included; "
-        "None = no limit. On expiry the turn in flight is cancelled and dropped.",
-    )
-    max_total_tokens: int | None = Field(
-        None,
-        ge=2,
-        description="Most tokens in the whole context (prompt + all turns + observations); "
-        "None = the engine's max_context. The smaller of the two applies.",
-    )
-    max_generated_tokens: int | None = Field(
-        None, ge=1, description="Most sampled (policy) tokens over all turns; None = no limit."
-    )
-    continue_after_length: bool = Field(
-        False,
-        description="When a turn hits max_new_tokens: False ends the episode with 'length'; "
-        "True closes the turn with the template's end-of-turn tokens (loss mask 0) and "
-        "steps the env on the truncated turn.",
-    )

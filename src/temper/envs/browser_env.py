@@ -42,7 +42,6 @@ import atexit
 import threading
 from typing import Any
 
-from temper.data.base import Task
 from temper.envs.base import AssistantTurn, Message, StepResult
 from temper.envs.browser_actions import Action, ActionError, parse_action
 from temper.envs.browser_session import BrowserPool, PageSession, find_chromium
@@ -61,6 +60,7 @@ from temper.envs.miniwob import (
 )
 from temper.envs.registry import EnvSpec
 from temper.errors import ConfigError
+from temper.records import Task
 
 OBSERVATIONS = ("dom", "screenshot", "dom+screenshot")
 REWARDS = ("unit", "raw")

@@ -27,12 +27,12 @@ import random
 from typing import Any
 
 from temper.data.arithmetic import DEFAULT_LEVELS, LEVELS, Problem, is_heldout, make_problem
-from temper.data.base import Task
 from temper.data.sampler import ProceduralSampler
 from temper.envs.base import AssistantTurn, Message, StepResult
 from temper.envs.games import GuessNumberEnv, _options
 from temper.envs.registry import EnvSpec
 from temper.errors import ConfigError
+from temper.records import Task
 
 
 class ChainTasks:

@@ -47,11 +47,11 @@ import math
 import re
 from typing import Any
 
-from temper.data.base import Task
 from temper.envs.base import AssistantTurn, Message, StepResult
 from temper.envs.code_tasks import CodeTasks, humaneval_tasks, task_tests
 from temper.envs.registry import EnvSpec
 from temper.errors import ConfigError
+from temper.records import Task
 from temper.rewards.code_hacks import KINDS, confirmed, detect_hacks
 from temper.rewards.code_tests import TestReport, run_tests
 

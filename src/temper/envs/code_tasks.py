@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from string import Template as _Sub
 from typing import Any
 
-from temper.data.base import Task
+from temper.records import Task
 from temper.rewards.code_tests import TestCase
 
 HELDOUT_PERCENT = 10

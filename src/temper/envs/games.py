@@ -29,11 +29,11 @@ import random
 import re
 from typing import Any
 
-from temper.data.base import Task
 from temper.data.sampler import ProceduralSampler
 from temper.envs.base import AssistantTurn, Message, StepResult
 from temper.envs.registry import EnvSpec
 from temper.errors import ConfigError
+from temper.records import Task
 from temper.rewards.answers import extract_boxed
 
 #: Share of all secrets in the held-out split, in percent.

@@ -43,11 +43,11 @@ from typing import Any
 import gymnasium
 from gymnasium import spaces
 
-from temper.data.base import Task
 from temper.data.sampler import ProceduralSampler
 from temper.envs.base import AssistantTurn, Message, StepResult
 from temper.envs.registry import EnvSpec
 from temper.errors import ConfigError
+from temper.records import Task
 from temper.rewards.answers import extract_boxed
 
 #: Share of all seeds in the held-out split, in percent.

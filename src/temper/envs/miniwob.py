@@ -36,8 +36,8 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
-from temper.data.base import Task
 from temper.errors import ConfigError
+from temper.records import Task
 
 #: Easy tasks a scripted policy solves from the DOM alone (the default training set).
 EASY_TASKS = ("click-button", "click-link", "enter-text", "focus-text", "click-checkboxes")

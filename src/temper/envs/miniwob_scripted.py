@@ -17,8 +17,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from temper.data.base import Task
 from temper.envs.base import AssistantTurn
+from temper.records import Task
 
 #: Tasks the oracle can solve.
 ORACLE_TASKS = ("click-button", "click-link", "enter-text", "focus-text", "click-checkboxes")

@@ -1,4 +1,4 @@
-"""Environment specs: how a run gets its env, and (optionally) its tasks.
+"""Environment specs: how a run gets its env, and (optionally) its tasks; the built-in envs.
 
 A run names its environment with ``env.type`` in the config: a built-in name
 (`BUILTIN_ENVS`) or ``"module:function"`` / ``"path/to/file.py:function"``.
@@ -8,23 +8,19 @@ and the run seed. The spec says how to make a fresh env for one episode and,
 for envs that generate their own problems, which tasks to train and evaluate
 on; a spec without tasks uses the run's ``data`` section.
 
-This module does not run episodes (see `temper.rollout.multi_turn`).
+The builder calls the factory (`temper.builder.tasks.build_env_spec`); this
+module does not run episodes either (see `temper.rollout.multi_turn`).
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from temper.data.base import Task
 from temper.data.sampler import TaskSampler
 from temper.envs.base import Env
-from temper.errors import ConfigError
+from temper.records import Task
 
 #: Built-in env names and their spec factories.
 BUILTIN_ENVS: dict[str, str] = {
@@ -57,43 +53,3 @@ class EnvSpec:
 
 
 SpecFactory = Callable[[dict[str, Any], int], EnvSpec]
-
-
-def _load_target(target: str) -> Any:
-    """The object named by ``"module:attr"`` or ``"path/file.py:attr"``."""
-    module_name, sep, attr = target.rpartition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(
-            f"env.type must be one of {', '.join(sorted(BUILTIN_ENVS))} or "
-            f'"module:function" / "file.py:function", got {target!r}'
-        )
-    if module_name.endswith(".py"):
-        path = Path(module_name)
-        if not path.is_file():
-            raise ConfigError(f"env.type: file {module_name} does not exist")
-        mod_spec = importlib.util.spec_from_file_location(f"_temper_env_{path.stem}", path)
-        assert mod_spec is not None and mod_spec.loader is not None
-        module = importlib.util.module_from_spec(mod_spec)
-        sys.modules[mod_spec.name] = module
-        mod_spec.loader.exec_module(module)
-    else:
-        try:
-            module = importlib.import_module(module_name)
-        except ImportError as exc:
-            raise ConfigError(f"env.type: cannot import {module_name}: {exc}") from exc
-    if not hasattr(module, attr):
-        raise ConfigError(f"env.type: {module_name} has no attribute {attr!r}")
-    return getattr(module, attr)
-
-
-def build_env_spec(kind: str, options: dict[str, Any], seed: int) -> EnvSpec:
-    """The `EnvSpec` of env ``kind`` (a built-in name or a target) with ``options``."""
-    factory: SpecFactory = _load_target(BUILTIN_ENVS.get(kind, kind))
-    try:
-        spec = factory(dict(options), seed)
-    except TypeError as exc:
-        raise ConfigError(f"env.options do not fit env {kind!r}: {exc}") from exc
-    if not isinstance(spec, EnvSpec):
-        raise ConfigError(f"env {kind!r}: the factory returned {type(spec).__name__}, not EnvSpec")
-    spec.name = spec.name or kind
-    return spec

@@ -21,11 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from temper.data.base import Task
 from temper.envs.base import AssistantTurn, Message
 from temper.envs.registry import EnvSpec
-from temper.envs.tools import parse_tool_calls
 from temper.errors import TemperError
+from temper.models.tool_calls import parse_tool_calls
+from temper.records import Task
 from temper.vision.images import has_images, loggable, normalize_messages
 
 

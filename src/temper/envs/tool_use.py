@@ -32,11 +32,11 @@ import operator
 import random
 from typing import Any
 
-from temper.data.base import Task
 from temper.envs.base import AssistantTurn, Message, StepResult
 from temper.envs.registry import EnvSpec
 from temper.envs.tools import Tool, ToolEnv
 from temper.errors import ConfigError
+from temper.records import Task
 from temper.rewards.answers import extract_boxed
 
 CATEGORIES = ("calc", "lookup", "lookup_calc", "python")

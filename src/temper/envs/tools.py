@@ -29,9 +29,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
-from temper import safe_json
-from temper.data.base import Task
-from temper.envs.base import AssistantTurn, Message, StepResult, ToolCall, ToolCallError
+from temper.envs.base import AssistantTurn, Message, StepResult
+from temper.models.tool_calls import ToolCall, ToolCallError
+from temper.records import Task
 
 _SCALARS: dict[type, str] = {bool: "boolean", int: "integer", float: "number", str: "string"}
 
@@ -234,59 +234,6 @@ def validate_arguments(parameters: Mapping[str, Any], arguments: Mapping[str, An
         if name in properties:
             errors += _check(value, properties[name], f"argument {name!r}")
     return errors
-
-
-_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|(?=<tool_call>)|\Z)", re.DOTALL)
-
-
-def parse_tool_calls(text: str) -> tuple[list[ToolCall], list[ToolCallError]]:
-    """Parse Hermes tool calls: `<tool_call>{"name": str, "arguments": {...}}</tool_call>`.
-
-    Each block is one call (parallel calls are several blocks); whitespace
-    around the JSON is ignored, and `arguments` may also be a JSON string
-    holding an object. A block without its closing tag is an "unclosed"
-    error; text outside blocks is ignored. It never raises: whatever the model
-    wrote (nesting 1,000 deep, a 5,000-digit integer, NaN, a lone surrogate
-    escape such as "\\ud800") is a "bad_json" or "bad_format" error, decoded by
-    `temper.safe_json.loads`, which also bounds the nesting of the arguments.
-    """
-    calls: list[ToolCall] = []
-    errors: list[ToolCallError] = []
-    for index, match in enumerate(_BLOCK.finditer(text)):
-        raw = match.group(1).strip()
-        if not match.group(0).endswith("</tool_call>"):
-            errors.append(
-                ToolCallError("unclosed", "tool call has no closing </tool_call>", index, raw)
-            )
-            continue
-        try:
-            obj = safe_json.loads(raw)
-        except safe_json.JSONInputError as exc:
-            errors.append(ToolCallError("bad_json", f"tool call is {_not_json(exc)}", index, raw))
-            continue
-        args = obj.get("arguments", {}) if isinstance(obj, dict) else None
-        if isinstance(args, str):
-            try:
-                args = safe_json.loads(args)
-            except safe_json.JSONInputError as exc:
-                msg = f'"arguments" of the tool call is a string that is {_not_json(exc)}'
-                errors.append(ToolCallError("bad_format", msg, index, raw))
-                continue
-        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-            msg = 'tool call must be a JSON object with a string "name"'
-            errors.append(ToolCallError("bad_format", msg, index, raw))
-        elif not isinstance(args, dict):
-            msg = f'"arguments" of tool call {obj["name"]!r} must be a JSON object'
-            errors.append(ToolCallError("bad_format", msg, index, raw))
-        else:
-            calls.append(ToolCall(obj["name"], args, index, f"call_{index}", raw))
-    return calls, errors
-
-
-def _not_json(exc: safe_json.JSONInputError) -> str:
-    """The words 'not valid JSON (...)' for any problem `safe_json.loads` reports."""
-    text = str(exc)
-    return text if text.startswith("not valid JSON") else f"not valid JSON ({text})"
 
 
 def format_result(value: Any, max_chars: int | None) -> str:

@@ -27,12 +27,12 @@ from typing import Any
 
 from PIL import Image, ImageDraw
 
-from temper.data.base import Task
 from temper.data.sampler import ProceduralSampler
 from temper.data.visual import SIZE, is_heldout, user_content
 from temper.envs.base import AssistantTurn, Message, StepResult
 from temper.envs.registry import EnvSpec
 from temper.errors import ConfigError
+from temper.records import Task
 from temper.rewards.answers import extract_boxed
 
 MOVES: dict[str, tuple[int, int]] = {

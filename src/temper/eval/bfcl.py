@@ -27,10 +27,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from temper.data.base import Task
 from temper.envs.base import AssistantTurn, Message, StepResult
 from temper.envs.registry import EnvSpec
 from temper.errors import DataError
+from temper.records import Task
 from temper.rewards.tool_call_ast import (
     ToolCallSyntaxError,
     extract_tool_calls,

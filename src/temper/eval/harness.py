@@ -19,12 +19,11 @@ import math
 from collections import defaultdict
 from typing import Any
 
-from temper.data.base import Task
 from temper.engine.base import SamplingParams
 from temper.eval.metrics import ks_for, majority_vote, pass_at_k, wilson_interval
+from temper.records import Task, Trajectory
 from temper.rewards.answers import extract_boxed
 from temper.rollout.sources import RolloutSource
-from temper.rollout.trajectory import Trajectory
 
 
 def _final_answer(t: Trajectory) -> str | None:

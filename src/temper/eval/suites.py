@@ -18,8 +18,8 @@
   vision-language model on an engine that takes images.
 
 `check_suite` does the cheap availability checks (a missing file, an
-unknown name) before any model is loaded; `build_suite` makes the rollout
-source. Prompts that do not fit the model's context are not generated: they
+unknown name) before any model is loaded; `temper.builder.suites.build_suite`
+makes the rollout source. Prompts that do not fit the model's context are not generated: they
 count as wrong (finish reason ``prompt_too_long``), so a short-context model
 is not flattered by dropping its hardest prompts.
 """
@@ -30,14 +30,12 @@ import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from temper.config import Config
-from temper.data.base import Task
 from temper.engine.base import SamplingParams
 from temper.errors import ConfigError, DataError, PromptTooLongError
+from temper.records import Task, Trajectory
 from temper.rollout.sources import RolloutSource
-from temper.rollout.trajectory import Trajectory
 
 SUITES = ("builtin", "gsm8k", "humaneval", "bfcl", "miniwob", "vision")
 #: The GSM8K test file, relative to the repository root.
@@ -102,11 +100,16 @@ def check_suite(name: str, path: str | None) -> SuitePlan:
 
 @dataclass
 class SuiteRollouts:
-    """A suite's rollout source, its tasks (in eval order), and what to close after."""
+    """A suite's rollout source, its tasks (in eval order), and what to close after.
+
+    ``too_long``: the ids of the tasks whose prompt did not fit the context, filled
+    as the eval runs (None for the builtin suite, which refuses such prompts at start).
+    """
 
     source: RolloutSource
     tasks: list[Task]
     close: Callable[[], None] = field(default=lambda: None)
+    too_long: set[str] | None = None
 
 
 def max_response_tokens(cfg: Config, suite: str) -> int:
@@ -195,131 +198,3 @@ class EpisodeFitRollouts(ContextFitRollouts):
             for key, value in part.items():
                 stats[key] = stats.get(key, 0.0) + value
         return [group for group, _ in results], stats
-
-
-def _episode_measure(tokenizer: Any) -> Callable[[Task], int]:
-    from temper.models.chat_template import IncrementalRenderer
-
-    def measure(task: Task) -> int:
-        tools = task.columns.get("tools") or None
-        return len(IncrementalRenderer(tokenizer, tools).prompt(task.messages())[0])
-
-    return measure
-
-
-def build_suite(cfg: Config, plan: SuitePlan, engine: Any, tokenizer: Any) -> SuiteRollouts:
-    """The rollout source and tasks of a checked suite, for `engine`."""
-    if plan.name == "builtin":
-        from temper.orchestrator.build import build_rollouts
-
-        r = build_rollouts(cfg, engine, tokenizer)
-        return SuiteRollouts(r.source, list(r.heldout), r.close)
-    if plan.name == "gsm8k":
-        return _gsm8k(cfg, plan, engine, tokenizer)
-    if plan.name == "humaneval":
-        return _humaneval(cfg, engine, tokenizer)
-    if plan.name == "miniwob":
-        return _miniwob(cfg, engine, tokenizer)
-    if plan.name == "vision":
-        return _vision(cfg, engine, tokenizer)
-    return _bfcl(cfg, plan, engine, tokenizer)
-
-
-def _gsm8k(cfg: Config, plan: SuitePlan, engine: Any, tokenizer: Any) -> SuiteRollouts:
-    """The GSM8K file as the held-out data of a single-turn run scored by math-verify."""
-    from temper.orchestrator.build import build_rollouts
-
-    assert plan.path is not None
-    suite_cfg = cfg.model_copy(deep=True)
-    suite_cfg.env = type(cfg.env)()  # single-turn
-    suite_cfg.data = type(cfg.data)(
-        type="file",
-        path=str(plan.path),
-        eval_path=str(plan.path),
-        prompt_field="question",
-        answer_field="answer",
-        answer_extractor="gsm8k",
-        system_prompt=cfg.data.system_prompt or GSM8K_SYSTEM_PROMPT,
-        eval_size=10**9,  # every problem
-    )
-    # Eval measures correctness: no reward-hacking gates, no shaping.
-    suite_cfg.reward = type(cfg.reward)(
-        components=[{"type": "math"}],
-        filters=[],
-        timeout_s=cfg.reward.timeout_s,
-        workers=cfg.reward.workers,
-    )
-    r = build_rollouts(suite_cfg, engine, tokenizer)
-    for task in r.heldout:
-        task.category = "gsm8k"
-    renderer = r.renderer
-    assert renderer is not None
-    source = ContextFitRollouts(r.source, lambda t: len(renderer.render(t)[0]), engine.max_context)
-    return SuiteRollouts(source, list(r.heldout), r.close)
-
-
-def _humaneval(cfg: Config, engine: Any, tokenizer: Any) -> SuiteRollouts:
-    """HumanEval as the held-out set of the code env (the user's code-env options kept)."""
-    from temper.orchestrator.build import build_rollouts
-
-    suite_cfg = cfg.model_copy(deep=True)
-    options = dict(cfg.env.options) if cfg.env.type == "code" else {}
-    options["eval_set"] = "humaneval"
-    suite_cfg.env = cfg.env.model_copy(
-        update={"type": "code", "options": options, "add_reward": False}
-    )
-    r = build_rollouts(suite_cfg, engine, tokenizer)
-    limits = suite_cfg.env.limits
-    room = min(limits.max_total_tokens or engine.max_context, engine.max_context)
-    source = ContextFitRollouts(r.source, _episode_measure(tokenizer), room)
-    return SuiteRollouts(source, list(r.heldout), r.close)
-
-
-def _miniwob(cfg: Config, engine: Any, tokenizer: Any) -> SuiteRollouts:
-    """Held-out MiniWoB++ instances of the miniwob env (the user's options kept)."""
-    from temper.orchestrator.build import build_rollouts
-
-    suite_cfg = cfg.model_copy(deep=True)
-    options = dict(cfg.env.options) if cfg.env.type == "miniwob" else {}
-    suite_cfg.env = cfg.env.model_copy(
-        update={"type": "miniwob", "options": options, "add_reward": False}
-    )
-    r = build_rollouts(suite_cfg, engine, tokenizer)
-    limits = suite_cfg.env.limits
-    room = min(limits.max_total_tokens or engine.max_context, engine.max_context)
-    return SuiteRollouts(EpisodeFitRollouts(r.source, room), list(r.heldout), r.close)
-
-
-def _vision(cfg: Config, engine: Any, tokenizer: Any) -> SuiteRollouts:
-    """Held-out visual tasks, single-turn, scored by exact match of the boxed answer."""
-    from temper.orchestrator.build import build_rollouts
-
-    if not engine.abilities.images:
-        raise ConfigError(
-            f"eval suite vision needs a vision-language model on an engine that takes images; "
-            f"{type(engine).__name__} with model {cfg.model.path!r} takes none"
-        )
-    suite_cfg = cfg.model_copy(deep=True)
-    suite_cfg.env = type(cfg.env)()  # single-turn
-    data = cfg.data if cfg.data.type == "visual" else type(cfg.data)(type="visual")
-    suite_cfg.data = data.model_copy(update={"type": "visual"})
-    # Eval measures correctness: no reward-hacking gates, no shaping.
-    suite_cfg.reward = type(cfg.reward)(components=[{"type": "exact"}], filters=[])
-    r = build_rollouts(suite_cfg, engine, tokenizer)
-    renderer = r.renderer
-    assert renderer is not None
-    source = ContextFitRollouts(r.source, lambda t: len(renderer.render(t)[0]), engine.max_context)
-    return SuiteRollouts(source, list(r.heldout), r.close)
-
-
-def _bfcl(cfg: Config, plan: SuitePlan, engine: Any, tokenizer: Any) -> SuiteRollouts:
-    from temper.envs.base import EpisodeLimits
-    from temper.eval.bfcl import bfcl_spec, load_bfcl_tasks
-    from temper.rollout.sources import EpisodeRollouts
-
-    assert plan.path is not None
-    tasks = load_bfcl_tasks(plan.path)
-    limits = EpisodeLimits(max_turns=1, timeout_s=cfg.env.limits.timeout_s)
-    inner = EpisodeRollouts(engine, bfcl_spec(tasks), tokenizer, limits, None)
-    source = ContextFitRollouts(inner, _episode_measure(tokenizer), engine.max_context)
-    return SuiteRollouts(source, tasks)

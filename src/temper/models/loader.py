@@ -13,6 +13,7 @@ message naming the path.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 from typing import Any
@@ -115,3 +116,25 @@ def load_processor(path: str | Path) -> Any:
         raise ModelLoadError(
             f"cannot load a processor from {str(path)!r}: {_first_line(exc)}"
         ) from exc
+
+
+@functools.lru_cache(maxsize=16)
+def longest_token_chars(tokenizer: Any) -> int:
+    """The length of the longest token string in the vocabulary (at least 1).
+
+    An upper bound on the characters one token covers: byte-level BPE writes
+    one character per byte (and a character is at least one byte),
+    SentencePiece one per character, byte-fallback tokens such as ``<0x41>``
+    more. A normalizer that deletes characters could break the bound; none of
+    the usual ones do.
+    """
+    return max((len(token) for token in tokenizer.get_vocab()), default=1) or 1
+
+
+def quiet_transformers() -> None:
+    """Keep the terminal for Temper's own progress: no per-load bars or warnings from
+    transformers (the CLI, rollout worker processes and Ray actors all call it)."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()

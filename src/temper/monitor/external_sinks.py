@@ -21,8 +21,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from temper.errors import ConfigError, TemperError
-from temper.monitor.sinks import MetricSink, numeric_scalars
+from temper.errors import ConfigError
+from temper.monitor.sinks import numeric_scalars
 
 # sink name -> (module to import, pip extra of temper-rl that installs it)
 SINK_PACKAGES: dict[str, tuple[str, str]] = {
@@ -169,48 +169,10 @@ class MlflowSink:
         self.client.set_terminated(self.run_id)
 
 
-def build_sinks(
-    log: Any, run_dir: Path, run_name: str, config: dict[str, Any], start_step: int = 0
-) -> list[MetricSink]:
-    """The sinks named in ``log.sinks`` (a `LogConfig`), each started and ready to write.
-
-    ``start_step`` is the step a resumed run continues from (0 for a new run).
-    W&B and MLflow start a new run each time; TensorBoard keeps one folder.
-    A sink that cannot start (W&B not logged in for online mode, a bad MLflow
-    URI) raises a one-line ConfigError; sinks already started are closed first.
-    """
-    sinks: list[MetricSink] = []
-    for name in dict.fromkeys(log.sinks):  # a name listed twice still gets one sink
-        try:
-            sinks.append(_make(name, log, run_dir, run_name, config, start_step))
-        except Exception as err:
-            for sink in sinks:
-                sink.close()
-            if isinstance(err, TemperError):
-                raise
-            detail = " ".join(str(err).split())
-            raise ConfigError(f"log.sinks: {name} could not start: {detail}") from err
-    return sinks
-
-
-def _make(
-    name: str, log: Any, run_dir: Path, run_name: str, config: dict[str, Any], start_step: int
-) -> MetricSink:
-    if name == "tensorboard":
-        return TensorBoardSink(run_dir / "tensorboard", start_step + 1 if start_step else None)
-    if name == "wandb":
-        return WandbSink(
-            run_dir, log.wandb_project, run_name, log.wandb_mode, log.wandb_entity, config
-        )
-    uri = log.mlflow_tracking_uri or (run_dir / "mlruns").resolve().as_uri()
-    return MlflowSink(uri, log.mlflow_experiment, run_name)
-
-
 __all__ = [
     "MlflowSink",
     "TensorBoardSink",
     "WandbSink",
-    "build_sinks",
     "check_sinks",
     "mlflow_key",
 ]

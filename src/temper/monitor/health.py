@@ -50,58 +50,9 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-Action = Literal["warn", "stop", "skip"]
-
-
-class HealthCheck(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    enabled: bool = Field(True, description="Run this check.")
-    threshold: float = Field(description="The check's limit (see temper.monitor.health).")
-    action: Action = Field(
-        "warn",
-        description="warn: log it; stop: checkpoint and stop; skip: undo this step's update.",
-    )
-
-
-def _check(threshold: float, action: Action = "warn") -> Any:
-    return Field(default_factory=lambda: HealthCheck(threshold=threshold, action=action))
-
-
-class HealthConfig(BaseModel):
-    """Thresholds and actions of the health guardrails."""
-
-    model_config = ConfigDict(extra="forbid")
-    nan: HealthCheck = _check(0.0, "stop")
-    entropy_collapse: HealthCheck = _check(0.01)
-    kl_blowup: HealthCheck = _check(1.0)
-    length_explosion: HealthCheck = _check(3.0)
-    mismatch: HealthCheck = _check(0.05)
-    throughput: HealthCheck = _check(0.3)
-    reward_hacking: HealthCheck = _check(0.1)
-    reward_errors: HealthCheck = _check(0.5, "stop")
-    all_groups_dropped: HealthCheck = _check(5, "stop")
-    no_update: HealthCheck = _check(10, "stop")
-    warmup: int = Field(5, ge=1, description="Steps that set the response-length baseline.")
-    window: int = Field(10, ge=1, description="Steps in the throughput moving average.")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _fill_partial_checks(cls, data: Any) -> Any:
-        """`--health.no_update.action=warn` keeps that check's default threshold (and so on)."""
-        if not isinstance(data, dict):
-            return data
-        out = dict(data)
-        for name, value in data.items():
-            info = cls.model_fields.get(name)
-            if isinstance(value, dict) and info is not None and info.default_factory is not None:
-                default = info.default_factory()  # type: ignore[call-arg]
-                if isinstance(default, HealthCheck):
-                    out[name] = {**default.model_dump(), **value}
-        return out
+from temper.config.health import Action, HealthCheck, HealthConfig
 
 
 @dataclass

@@ -39,10 +39,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from temper.data.base import Task
 from temper.engine.base import SamplingParams
+from temper.records import Task, Trajectory
 from temper.rollout.sources import Groups, RolloutSource
-from temper.rollout.trajectory import Trajectory
 
 Interrupt = Literal["continue", "abort"]
 

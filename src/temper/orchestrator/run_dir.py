@@ -29,7 +29,7 @@ from typing import Any
 from temper.config import Config, dump_config
 from temper.errors import ConfigError, DataError, TemperError
 from temper.monitor.sinks import read_jsonl
-from temper.rollout.trajectory import Trajectory
+from temper.records import Trajectory
 from temper.trainer.checkpoint import list_checkpoints, remove_partial_checkpoints
 
 #: Settings that may differ between a run and its resume without being recorded.

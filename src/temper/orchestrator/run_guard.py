@@ -25,16 +25,25 @@ from typing import Any
 
 from temper.algos.turn_credit import TURN_ESTIMATORS
 from temper.config import Config
-from temper.data.base import Task
 from temper.errors import ConfigError
 from temper.monitor.external_sinks import check_sinks
+from temper.monitor.health import Alert, HealthMonitor
+from temper.monitor.progress import RunProgress
+from temper.monitor.sinks import JsonlSink
+from temper.orchestrator.run_dir import RunDir
+from temper.records import Task, Trajectory
 from temper.rewards.base import TRAINER_STATE
-from temper.rollout.trajectory import Trajectory
 
 
 def check_can_learn(cfg: Config) -> None:
     """Refuse a config that cannot update the policy once (ConfigError, before any work)."""
     o = cfg.orchestrator
+    if not cfg.engine.local and o.mode != "rollout_only":
+        # A remote endpoint cannot load our weights: refuse before loading anything.
+        raise ConfigError(
+            f"engine.type = {cfg.engine.type!r} cannot train (the endpoint takes no weight "
+            "updates); use it with temper eval or orchestrator.mode = 'rollout_only'"
+        )
     # sft/rft train on likelihood, not on comparisons within a group.
     group_baseline = cfg.algo.advantage != "gae"  # gae: the critic is the baseline
     if (
@@ -111,9 +120,9 @@ class RewardErrorReport:
         return f"reward errors: {sum(self.counts.values())} in this run: {kinds}{more}"
 
 
-def say(progress: Any, message: str) -> None:
+def say(progress: RunProgress, message: str) -> None:
     """A console line, shown whether or not the progress bar is on."""
-    if getattr(progress, "enabled", False):
+    if progress.enabled:
         progress.log(message)
     else:
         print(message, file=sys.stderr, flush=True)
@@ -161,7 +170,7 @@ class RunGuard:
     when Ctrl-C did (the step whose checkpoint was written).
     """
 
-    def __init__(self, cfg: Config, health: Any, events: Any) -> None:
+    def __init__(self, cfg: Config, health: HealthMonitor, events: JsonlSink) -> None:
         self.cfg, self.health, self.events = cfg, health, events
         self.reward_errors = RewardErrorReport()
         self.interrupt = InterruptFlag()
@@ -169,7 +178,7 @@ class RunGuard:
         self.interrupted_at: int | None = None
         TRAINER_STATE.max_steps = cfg.orchestrator.steps
 
-    def start(self, start_step: int, run_dir: Any, progress: Any) -> None:
+    def start(self, start_step: int, run_dir: RunDir, progress: RunProgress) -> None:
         """At the start of the loop: say (and record) that this run resumes, if it does."""
         TRAINER_STATE.global_step = start_step
         message = resume_message(run_dir, start_step, self.cfg)
@@ -179,8 +188,8 @@ class RunGuard:
                                "config_changes": run_dir.config_changes})  # fmt: skip
 
     def after_step(
-        self, step: int, m: dict[str, Any], trajs: list[Trajectory], progress: Any
-    ) -> list[Any]:
+        self, step: int, m: dict[str, Any], trajs: list[Trajectory], progress: RunProgress
+    ) -> list[Alert]:
         """Report new kinds of reward errors; return the learning checks' alerts."""
         TRAINER_STATE.global_step = step  # steps completed: what the next scoring sees
         for event in self.reward_errors.see(step, trajs):
@@ -190,18 +199,18 @@ class RunGuard:
         last = step == self.cfg.orchestrator.steps
         return self.health.check_learning(step, m, last=last, trains=trains)
 
-    def stopped_by(self, alert: Any) -> None:
+    def stopped_by(self, alert: Alert) -> None:
         self.stop_reason = (
             f"run stopped at step {alert.step} by health check {alert.kind}: {alert.message}"
         )
 
-    def finish(self, progress: Any) -> None:
+    def finish(self, progress: RunProgress) -> None:
         summary = self.reward_errors.summary()
         if summary:
             say(progress, summary)
 
 
-def resume_message(run_dir: Any, start_step: int, cfg: Config) -> str | None:
+def resume_message(run_dir: RunDir, start_step: int, cfg: Config) -> str | None:
     """The line a resumed run prints (None for a fresh start)."""
     if run_dir.resume_from is None:
         return None

@@ -1,8 +1,8 @@
 """Self-improvement steps of the synchronous loop: SFT and rejection-sampling fine-tuning.
 
-`SyncOrchestrator` hands a step to one of these when ``trainer.mode`` is not
-"rl"; everything around the step (evals, checkpoints, health checks, resume,
-metrics files) stays the loop's. Both train with the run's `PolicyTrainer`
+The loop (`temper.orchestrator.loop`) runs one of these instead of `RLStep` when
+``trainer.mode`` is not "rl"; everything around the step (evals, checkpoints,
+health checks, resume, metrics files) stays the loop's. Both train with the run's `PolicyTrainer`
 (its likelihood loss, `PolicyTrainer._sft_loss`) and publish the new weights
 to the engine as version ``step``, like an RL step.
 
@@ -24,25 +24,18 @@ import time
 from typing import Any
 
 from temper import compute
+from temper.backends.base import RolloutBackend, free_during_train, publish_weights
 from temper.config import Config
 from temper.config.self_improve import RFTConfig
-from temper.data.conversations import (
-    ConversationRenderer,
-    arithmetic_conversations,
-    load_conversations,
-)
-from temper.data.sampler import ListSampler
+from temper.data.sampler import ListSampler, TaskSampler
 from temper.data.task_sampling import LearnsFromResults
-from temper.engine.base import SamplingParams
-from temper.errors import ConfigError
 from temper.monitor.profile import stage
-from temper.orchestrator.backend import RolloutBackend, publish_weights
-from temper.orchestrator.refill import step_groups, usable
+from temper.orchestrator.advantages import usable
+from temper.orchestrator.collect import step_groups
+from temper.orchestrator.rl_step import StepResult, sampling_params
 from temper.orchestrator.step_metrics import rollout_metrics
-from temper.rollout.trajectory import Trajectory
-
-#: What a step returns: its metrics and the trajectories it trained on or generated.
-StepResult = tuple[dict[str, Any], list[Trajectory]]
+from temper.records import Trajectory
+from temper.trainer.base import Trainer
 
 
 def keep_samples(groups: list[list[Trajectory]], cfg: RFTConfig) -> list[Trajectory]:
@@ -75,11 +68,11 @@ def _accepted(t: Trajectory, cfg: RFTConfig) -> bool:
 class _SupervisedSteps:
     """Train on a list of trajectories, then publish the weights (what both modes share)."""
 
-    def __init__(self, cfg: Config, trainer: Any, backend: RolloutBackend) -> None:
+    def __init__(self, cfg: Config, trainer: Trainer, backend: RolloutBackend) -> None:
         self.cfg, self.trainer, self.backend = cfg, trainer, backend
 
     async def train(self, trajs: list[Trajectory], step: int) -> dict[str, Any]:
-        asleep = self._free_engine()
+        asleep = free_during_train(self.backend, self.cfg.engine.during_train())
         t0 = time.perf_counter()
         with stage("train"):
             stats = await compute.arun(self.trainer.train_step, trajs) if trajs else {}
@@ -99,21 +92,12 @@ class _SupervisedSteps:
             "train_tokens_per_s": trained / max(t1 - t0, 1e-9),
         }
 
-    def _free_engine(self) -> bool:
-        """Free the engine's memory while the trainer steps; True if it was put to sleep."""
-        if self.backend.abilities.sleep and self.cfg.engine.sleep:
-            self.backend.sleep()
-            return True
-        if self.backend.abilities.release_memory and self.cfg.engine.release_memory_during_train:
-            self.backend.release_memory()
-        return False
-
 
 class SFTSteps(_SupervisedSteps):
     """``trainer.mode = "sft"``: supervised steps on rendered conversations."""
 
     def __init__(
-        self, cfg: Config, trainer: Any, backend: RolloutBackend, rows: list[Trajectory]
+        self, cfg: Config, trainer: Trainer, backend: RolloutBackend, rows: list[Trajectory]
     ) -> None:
         super().__init__(cfg, trainer, backend)
         self.sampler = ListSampler(rows, cfg.run.seed)  # type: ignore[arg-type]
@@ -135,24 +119,19 @@ class SFTSteps(_SupervisedSteps):
 class RFTRounds(_SupervisedSteps):
     """``trainer.mode = "rft"``: generate, keep by reward, train; one round a step."""
 
-    def __init__(self, cfg: Config, trainer: Any, backend: RolloutBackend, sampler: Any) -> None:
+    def __init__(
+        self, cfg: Config, trainer: Trainer, backend: RolloutBackend, sampler: TaskSampler
+    ) -> None:
         super().__init__(cfg, trainer, backend)
         self.sampler = sampler  # the run's task sampler: the loop checkpoints it
 
     async def step(self, step: int) -> StepResult:
         cfg, o = self.cfg, self.cfg.orchestrator
         t0 = time.perf_counter()
-        params = SamplingParams(
-            n=o.group_size,
-            temperature=o.temperature,
-            top_p=o.top_p,
-            top_k=o.top_k,
-            max_new_tokens=o.max_response_tokens,
-        )
         batch = await step_groups(
             self.backend.rollouts.source,
             self.sampler,
-            params,
+            sampling_params(cfg),
             prompts=o.prompts_per_step,
             seed=cfg.run.seed * 1_000_003 + step,  # the RL loop's seeds: same prompts, samples
             refill=False,
@@ -185,26 +164,3 @@ class RFTRounds(_SupervisedSteps):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
-
-
-def build_self_improve(
-    cfg: Config, trainer: Any, backend: RolloutBackend, tokenizer: Any
-) -> SFTSteps | RFTRounds | None:
-    """The step runner of ``trainer.mode`` (None for "rl"); reads and renders the SFT
-    conversations up front, so a bad row stops the run before it starts."""
-    mode = cfg.trainer.mode
-    if mode == "rl":
-        return None
-    if mode == "rft":
-        return RFTRounds(cfg, trainer, backend, backend.rollouts.train)
-    if backend.rollouts.renderer is not None and backend.rollouts.renderer.vision is not None:
-        raise ConfigError("trainer.mode = 'sft' trains text models only so far")
-    s = cfg.sft
-    if s.source == "file":
-        assert s.path is not None  # SFTConfig requires it
-        convs = load_conversations(s.path, s.messages_field)
-    else:
-        convs = arithmetic_conversations(s.size, cfg.data.levels, cfg.run.seed)
-    renderer = ConversationRenderer(tokenizer, cfg.data.system_prompt)
-    rows = [renderer.render(c, backend.max_context) for c in convs]
-    return SFTSteps(cfg, trainer, backend, rows)

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from temper.rollout.trajectory import Trajectory
+from temper.records import Trajectory
 
 
 def rollout_metrics(trajs: list[Trajectory]) -> dict[str, float]:

@@ -1,6 +1,7 @@
 """The Reward protocol: score a batch of completions.
 
-A reward is async and batched. It returns one `RewardResult` per input with the
+A reward is async and batched, and says when it can free what it holds (`close`;
+`RewardDefaults` supplies a no-op for rewards that hold nothing). It returns one `RewardResult` per input with the
 total score, the score of each named component (logged separately), and an
 error string when scoring failed (the failure is recorded, never silently
 turned into a zero). A score is always a finite number: a reward that yields
@@ -16,7 +17,7 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from temper.data.base import Task
+from temper.records import Task
 
 
 @dataclass
@@ -79,6 +80,19 @@ def bad_score(value: object) -> str | None:
 
 @runtime_checkable
 class Reward(Protocol):
+    """Scores batches; ``close`` frees what it holds (worker processes, a model)."""
+
     name: str
 
     async def score(self, inputs: list[RewardInput]) -> list[RewardResult]: ...
+
+    def close(self) -> None:
+        """Free the reward's resources; safe to call twice, and from inside a running loop."""
+        ...
+
+
+class RewardDefaults:
+    """The `Reward` methods a reward that holds nothing leaves out (as `EngineDefaults`)."""
+
+    def close(self) -> None:
+        return None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import math
 from collections.abc import Sequence
 from typing import Literal
@@ -71,11 +70,9 @@ class WeightedSum:
         return [self._combine([results[i] for results in per_reward]) for i in range(len(inputs))]
 
     def close(self) -> None:
-        """Close every component that has a `close()` (e.g. to stop worker processes)."""
+        """Close every component (e.g. to stop worker processes)."""
         for reward, _ in self.terms:
-            close = getattr(reward, "close", None)
-            if callable(close):
-                _finish(close())
+            reward.close()
 
     def __enter__(self) -> WeightedSum:
         return self
@@ -142,19 +139,3 @@ async def score_each(reward: Reward, inputs: list[RewardInput]) -> list[RewardRe
     for item in inputs:
         out.extend(await score_each(reward, [item]))
     return out
-
-
-def _finish(result: object) -> None:
-    """Run an async ``close()``'s coroutine: on the running loop, else on a new one."""
-    if not inspect.iscoroutine(result):
-        return
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        asyncio.run(result)
-        return
-    _CLOSING.add(task := loop.create_task(result))  # keep a reference until it is done
-    task.add_done_callback(_CLOSING.discard)
-
-
-_CLOSING: set[asyncio.Task] = set()

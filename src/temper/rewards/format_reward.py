@@ -12,14 +12,14 @@ from typing import Any
 from temper import safe_json
 from temper.errors import ConfigError
 from temper.rewards.answers import extract_boxed, find_last_boxed
-from temper.rewards.base import RewardInput, RewardResult
+from temper.rewards.base import RewardDefaults, RewardInput, RewardResult
 
 #: A completion that ends with `\boxed{...}` (braces nested up to three deep),
 #: optionally followed by whitespace.
 BOXED_AT_END = r"\\boxed\{(?:[^{}]|\{(?:[^{}]|\{(?:[^{}]|\{[^{}]*\})*\})*\})*\}\s*\Z"
 
 
-class FormatReward:
+class FormatReward(RewardDefaults):
     """`match_score` when the regex `pattern` matches the completion, else `miss_score`.
 
     With `full_match=False` (default) the pattern may match anywhere
@@ -80,7 +80,7 @@ class BoxedFormatReward(FormatReward):
         return text.startswith("\\boxed", start) and not text[end:].strip()
 
 
-class ExactMatchReward:
+class ExactMatchReward(RewardDefaults):
     """1.0 when the completion equals the task's answer, else 0.0.
 
     The completion matches when its stripped text, or the content of its last
@@ -126,7 +126,7 @@ def extract_json_text(text: str) -> str:
     return blocks[-1].strip() if blocks else text.strip()
 
 
-class JSONSchemaReward:
+class JSONSchemaReward(RewardDefaults):
     """1.0 when the completion is JSON valid against a JSON schema, else 0.0.
 
     The JSON is the content of the completion's last ```json block, or else the

@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 from temper import safe_json
-from temper.data.base import Task
-from temper.rewards.base import RewardInput, RewardResult
-from temper.serve.client import ChatClient, ChatClientError, Send
+from temper.http_client import ChatClient, ChatClientError, Send
+from temper.records import Task
+from temper.rewards.base import RewardDefaults, RewardInput, RewardResult
 
 DEFAULT_CRITERIA = ("correctness", "helpfulness", "clarity")
 
@@ -225,14 +225,14 @@ class PairwiseResult:
     error: str | None = None
 
 
-class JudgeReward:
+class JudgeReward(RewardDefaults):
     """A Reward that asks an LLM judge for a score per completion (see the module doc).
 
     ``base_url`` is the API root (".../v1"). Scores are normalised to [0, 1]
     (``(s - min_score) / (max_score - min_score)``) unless ``normalize=False``;
     components: ``judge_raw`` (the aggregated raw score), ``judge_samples`` and
     ``judge_parse_failures``. ``correct`` is ``raw >= pass_score`` when
-    ``pass_score`` is set. Requests go through `temper.serve.client.ChatClient`
+    ``pass_score`` is set. Requests go through `temper.http_client.ChatClient`
     (``timeout_s`` per attempt, ``max_retries`` with exponential backoff,
     ``concurrency`` in flight); ``transport="openai"`` uses the ``openai``
     package's async client instead of httpx.

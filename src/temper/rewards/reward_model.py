@@ -5,12 +5,12 @@ Two modes, same scores:
 * ``base_url=...``: over HTTP, against ``temper serve-rm`` (``POST /score``).
   Inputs are sent in requests of up to ``request_size`` pairs, at most
   ``concurrency`` in flight, through the retry logic of
-  `temper.serve.client.ChatClient` (per-attempt timeout; connection errors,
+  `temper.http_client.ChatClient` (per-attempt timeout; connection errors,
   timeouts, 429 and 5xx retried with exponential backoff; other 4xx not). A
   request that still fails gives each of its inputs
   ``RewardResult(failure_score, error="reward_model: ... (gave up after N attempt(s))")``.
 * ``model=PATH``: in process, with the same dynamic batcher
-  (`temper.serve.reward_model.RewardModelBatcher`) and no HTTP. The model loads
+  (`temper.rewards.rm_batcher.RewardModelBatcher`) and no HTTP. The model loads
   on first use; a batcher is made per event loop.
 
 The score is the model's raw scalar output; ``components`` holds it under the
@@ -24,8 +24,8 @@ from typing import Any
 
 import httpx
 
+from temper.http_client import ChatClient, ChatClientError, post_json
 from temper.rewards.base import RewardInput, RewardResult
-from temper.serve.client import ChatClient, ChatClientError, post_json
 
 
 class RewardModelReward:
@@ -109,7 +109,7 @@ class RewardModelReward:
             return [RewardResult(self.failure_score, error=err) for _ in pairs]
 
     def _local_batcher(self) -> Any:
-        from temper.serve.reward_model import RewardModelBatcher, load_reward_model
+        from temper.rewards.rm_batcher import RewardModelBatcher, load_reward_model
 
         loop = asyncio.get_running_loop()
         if self._batcher is None or self._batcher_loop is not loop:
@@ -120,8 +120,17 @@ class RewardModelReward:
             self._batcher_loop = loop
         return self._batcher
 
-    async def close(self) -> None:
-        """Stop the in-process batcher (if any) on the current loop."""
-        if self._batcher is not None and self._batcher_loop is asyncio.get_running_loop():
-            await self._batcher.close()
+    def close(self) -> None:
+        """Stop the in-process batcher, if any. Its worker lives on the loop that scored
+        last: the stop is scheduled there when that loop still runs (a loop that has
+        ended took its worker with it)."""
+        batcher, loop = self._batcher, self._batcher_loop
         self._batcher = self._batcher_loop = None
+        if batcher is None or loop is None or loop.is_closed() or not loop.is_running():
+            return
+        task = loop.create_task(batcher.close())
+        _CLOSING.add(task)  # keep a reference until it is done
+        task.add_done_callback(_CLOSING.discard)
+
+
+_CLOSING: set[asyncio.Task] = set()

@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from temper.errors import ConfigError
-from temper.rewards.base import Reward, RewardInput, RewardResult
+from temper.rewards.base import Reward, RewardDefaults, RewardInput, RewardResult
 
 
 def whitespace_tokens(text: str) -> int:
@@ -25,7 +25,7 @@ def whitespace_tokens(text: str) -> int:
     return len(text.split())
 
 
-class OverlongPenalty:
+class OverlongPenalty(RewardDefaults):
     """DAPO's soft overlong punishment on the completion's length |y|.
 
     With `max_tokens` = L_max and `cache_tokens` = L_cache:
@@ -246,10 +246,8 @@ class GatedReward:
         )
 
     def close(self) -> None:
-        """Close the inner reward when it has a `close()`."""
-        close = getattr(self.inner, "close", None)
-        if callable(close):
-            close()
+        """Close the inner reward."""
+        self.inner.close()
 
     def __enter__(self) -> GatedReward:
         return self

@@ -40,9 +40,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from temper import safe_json
-from temper.envs.base import ToolCall
-from temper.envs.tools import parse_tool_calls
-from temper.rewards.base import RewardInput, RewardResult
+from temper.models.tool_calls import ToolCall, parse_tool_calls
+from temper.rewards.base import RewardDefaults, RewardInput, RewardResult
 
 #: An expected call: (function name, {argument: allowed values}).
 Expected = tuple[str, dict[str, list[Any]]]
@@ -380,7 +379,7 @@ def check_tool_calls(
     return match_calls(calls, expected, functions)
 
 
-class ToolCallASTReward:
+class ToolCallASTReward(RewardDefaults):
     """Reward: 1.0 when the completion's tool calls match the task's expected calls.
 
     The expected calls come from the task column `ground_truth_field` (BFCL

@@ -7,17 +7,13 @@ and returns one float (or None: "does not apply") per completion. See `TRLReward
 from __future__ import annotations
 
 import asyncio
-import hashlib
-import importlib
-import importlib.util
 import inspect
-import sys
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 from temper.errors import TemperError
-from temper.rewards.base import TRAINER_STATE, RewardInput, RewardResult, bad_score
+from temper.rewards.base import TRAINER_STATE, RewardDefaults, RewardInput, RewardResult, bad_score
+from temper.targets import load_target
 
 #: Column names never passed through: TRL reserves them for its own arguments.
 _RESERVED = frozenset(
@@ -50,7 +46,7 @@ class _BatchFailed(Exception):
     """`fn` failed on a whole batch: it raised, or did not return one value per completion."""
 
 
-class TRLRewardFunction:
+class TRLRewardFunction(RewardDefaults):
     """Wraps `fn(prompts, completions, **dataset_columns) -> list[float | None]` unchanged.
 
     For each batch, `fn` gets keyword arguments as TRL's GRPOTrainer passes them:
@@ -213,56 +209,5 @@ class TRLRewardFunction:
 
 
 def load_reward_function(spec: str, what: str = "reward function") -> Callable[..., Any]:
-    """Import a function from `"package.module:function"` or `"path/to/file.py:function"`.
-
-    The part after the colon may be dotted (`module:Class.method`). Raises a
-    TemperError naming the spec when the module or file cannot be imported, the
-    attribute is missing, or it is not callable; ``what`` names the function's role in it.
-    """
-    module_part, sep, attr = spec.rpartition(":")
-    if not sep or not module_part or not attr:
-        raise TemperError(
-            f"{what} {spec!r} must look like 'package.module:function' "
-            "or 'path/to/file.py:function'"
-        )
-    if module_part.endswith(".py") or "/" in module_part or "\\" in module_part:
-        module = _import_file(Path(module_part), spec, what)
-    else:
-        try:
-            module = importlib.import_module(module_part)
-        except Exception as exc:
-            raise TemperError(
-                f"cannot import module {module_part!r} for {what} {spec!r}: {_one_line(exc)}"
-            ) from exc
-    obj: Any = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise TemperError(f"{what} {spec!r}: {module_part!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise TemperError(f"{what} {spec!r} is a {type(obj).__name__}, not a function")
-    return obj
-
-
-def _import_file(path: Path, spec: str, what: str) -> Any:
-    """Import a Python file as a module (registered in sys.modules under a unique name)."""
-    if not path.is_file():
-        raise TemperError(f"{what} {spec!r}: file {str(path)!r} not found")
-    resolved = path.resolve()
-    digest = hashlib.sha1(str(resolved).encode()).hexdigest()[:10]
-    name = f"_temper_reward_{resolved.stem}_{digest}"
-    if name in sys.modules:
-        return sys.modules[name]
-    module_spec = importlib.util.spec_from_file_location(name, resolved)
-    if module_spec is None or module_spec.loader is None:
-        raise TemperError(f"{what} {spec!r}: cannot load {str(path)!r} as Python")
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[name] = module
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as exc:
-        del sys.modules[name]
-        raise TemperError(
-            f"{what} {spec!r}: importing {str(path)!r} failed: {_one_line(exc)}"
-        ) from exc
-    return module
+    """The function ``spec`` names (`temper.targets.load_target`); ``what`` names its role."""
+    return load_target(spec, what)

@@ -1,5 +1,5 @@
 """Rollouts: drive an engine (and an env) into trajectories."""
 
-from temper.rollout.trajectory import Trajectory
+from temper.records import Trajectory
 
 __all__ = ["Trajectory"]

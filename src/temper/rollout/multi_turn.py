@@ -31,22 +31,13 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from temper.data.base import Task
+from temper.config.env import EpisodeLimits
 from temper.engine.base import Engine, SampleOutput, SamplingParams
-from temper.envs.base import (
-    AssistantTurn,
-    Env,
-    EpisodeFinish,
-    EpisodeLimits,
-    Message,
-    StepResult,
-    ToolCall,
-    ToolCallError,
-)
-from temper.envs.tools import parse_tool_calls
+from temper.envs.base import AssistantTurn, Env, EpisodeFinish, Message, StepResult
 from temper.errors import PromptTooLongError
 from temper.models.chat_template import IncrementalRenderer
-from temper.rollout.trajectory import Trajectory
+from temper.models.tool_calls import ToolCall, ToolCallError, parse_tool_calls
+from temper.records import Task, Trajectory
 from temper.vision.images import Image, ImageError, has_images, loggable, normalize_messages
 from temper.vision.prompting import PromptImages
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import math
 
-from temper.data.base import Task
+from temper.records import Task, Trajectory
 from temper.rewards.base import Reward, RewardInput, RewardResult, bad_score
 from temper.rewards.combine import score_each
-from temper.rollout.trajectory import Trajectory
 
 
 async def score_trajectories(

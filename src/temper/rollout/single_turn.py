@@ -11,10 +11,9 @@ import asyncio
 from dataclasses import replace
 from typing import Any
 
-from temper.data.base import Task
 from temper.engine.base import Engine, SamplingParams
 from temper.errors import DataError, PromptTooLongError
-from temper.rollout.trajectory import Trajectory
+from temper.records import Task, Trajectory
 from temper.vision.images import Image, ImageError
 from temper.vision.prompting import PromptImages
 

@@ -22,16 +22,15 @@ import time
 from dataclasses import replace
 from typing import Any, Protocol
 
-from temper.data.base import Task
+from temper.config.env import EpisodeLimits
 from temper.engine.base import Engine, SamplingParams
-from temper.envs.base import EpisodeLimits
 from temper.envs.registry import EnvSpec
 from temper.monitor.profile import stage
+from temper.records import Task, Trajectory
 from temper.rewards.base import Reward, RewardInput
 from temper.rollout.multi_turn import run_episodes
 from temper.rollout.scoring import score_trajectories
 from temper.rollout.single_turn import PromptRenderer, rollout_groups
-from temper.rollout.trajectory import Trajectory
 from temper.vision.prompting import PromptImages
 
 Groups = list[list[Trajectory]]

@@ -2,12 +2,12 @@
 
 `start_server(engine, tokenizer, host, port=0)` serves from a background
 thread and returns a `ServerHandle` (`base_url`, `stop()`); `create_app`
-builds the FastAPI app; `run_server` is `temper serve`; `ChatClient` calls
-any OpenAI-compatible chat endpoint with retries; `HTTPLimits` bounds request
-bodies and read times on both servers. See docs/serving.md.
+builds the FastAPI app; `HTTPLimits` bounds request bodies and read times on
+both servers (`temper serve` itself is `temper.cli.serve`; the client side is
+`temper.http_client`). See docs/serving.md.
 
-Names are imported lazily, so `temper.serve.client` (used by the LLM judge)
-does not pull in FastAPI.
+Names are imported lazily, so a command that only parses its limits does not
+pull in FastAPI.
 """
 
 from __future__ import annotations
@@ -17,13 +17,10 @@ from typing import Any
 
 _EXPORTS = {
     "APIError": "temper.serve.protocol",
-    "ChatClient": "temper.serve.client",
-    "ChatClientError": "temper.serve.client",
     "HTTPLimits": "temper.serve.limits",
     "OpenAIServer": "temper.serve.openai_server",
     "create_app": "temper.serve.openai_server",
     "ServerHandle": "temper.serve.runner",
-    "run_server": "temper.serve.command",
     "serve_app_in_thread": "temper.serve.runner",
     "start_server": "temper.serve.runner",
 }

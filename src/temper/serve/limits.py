@@ -15,16 +15,15 @@ Both servers (`temper serve`, `temper serve-rm`) use these:
   request line and waits held its connection forever. A connection closed
   before its request body was read lingers (`LINGER_S`), dropping input, so
   a client still sending a refused body reads the 413 instead of a reset.
-- `longest_token_chars(tokenizer)`: the most characters one token can stand
-  for, so a text's minimum token count is known before it is tokenized (a
-  text of more than ``max_tokens * longest_token_chars`` characters has more
-  than ``max_tokens`` tokens).
+- texts are bounded in characters before they are tokenized with
+  `temper.models.loader.longest_token_chars` (a text of more than
+  ``max_tokens * longest_token_chars`` characters has more than ``max_tokens``
+  tokens).
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -121,19 +120,6 @@ async def read_body(request: Any, limits: HTTPLimits) -> bytes:
             "body_timeout",
         ) from None
     return b"".join(chunks)
-
-
-@functools.lru_cache(maxsize=16)
-def longest_token_chars(tokenizer: Any) -> int:
-    """The length of the longest token string in the vocabulary (at least 1).
-
-    An upper bound on the characters one token covers: byte-level BPE writes
-    one character per byte (and a character is at least one byte),
-    SentencePiece one per character, byte-fallback tokens such as ``<0x41>``
-    more. A normalizer that deletes characters could break the bound; none of
-    the usual ones do.
-    """
-    return max((len(token) for token in tokenizer.get_vocab()), default=1) or 1
 
 
 #: How long a connection closed with its request body unread keeps reading (and

@@ -42,11 +42,12 @@ from temper.engine.base import (
     StreamingEngine,
     TokenUpdate,
 )
-from temper.envs.tools import parse_tool_calls
 from temper.errors import PromptTooLongError, TemperError
+from temper.models.loader import longest_token_chars
+from temper.models.tool_calls import parse_tool_calls
 from temper.serve import protocol as P
 from temper.serve.grammar import Grammars
-from temper.serve.limits import CLOSE, BodyError, HTTPLimits, longest_token_chars, read_body
+from temper.serve.limits import CLOSE, BodyError, HTTPLimits, read_body
 from temper.serve.protocol import APIError
 from temper.serve.streaming import Chunks, chat_events, completion_events, merged, whole
 from temper.vision.images import Image, ImageError

@@ -6,9 +6,8 @@ its own event loop and returns a `ServerHandle` (base URL, `stop()`). The
 engine is driven from that loop only: the native engine runs on one event
 loop at a time, so do not call the same engine from another running loop
 while the server is up (after `stop()` it can be used elsewhere again).
-The blocking entry point of `temper serve` is `temper.serve.command.run_server`
-(kept apart: it builds the engine through `temper.orchestrator.build`, which
-imports the reward-model client, which imports this module).
+The blocking entry point of `temper serve` is `temper.cli.serve.run_server`,
+which builds the engine from config (`temper.builder`) and binds the port here.
 """
 
 from __future__ import annotations

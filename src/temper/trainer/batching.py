@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from temper.rollout.trajectory import Trajectory
+from temper.records import Trajectory
 
 #: Image hashes in order -> the model's image inputs for them, concatenated
 #: (e.g. ``{"pixel_values": [k, 3, H, W]}``); see `temper.vision.inputs`.

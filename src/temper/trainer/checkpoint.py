@@ -10,7 +10,7 @@ A checkpoint is a directory `checkpoints/step_N/` holding:
   holds them, written with `torch.distributed.checkpoint` (DCP). `trainer.pt`
   then holds ``{"format": "dcp", "scheduler": ...}`` instead of the optimizer.
   DCP reshards on load, so such a checkpoint resumes on any world size,
-  including 1 (`restore_trainer`); a world-size-1 checkpoint resumes on N
+  including 1 (`PolicyTrainer.load_checkpoint`); a world-size-1 checkpoint resumes on N
   ranks through the full optimizer state (`temper.trainer.distributed`).
 
 It is written to a temporary sibling (`.step_N.<random>`) and renamed into
@@ -151,23 +151,6 @@ def load_checkpoint_state(path: Path) -> tuple[dict[str, Any], dict[str, Any], d
     trainer_state = torch.load(path / "trainer.pt", weights_only=False)
     rng = torch.load(path / "rng.pt", weights_only=False)
     return state, trainer_state, rng
-
-
-def restore_trainer(trainer: Any, trainer_state: dict[str, Any], ckpt: Path) -> None:
-    """Load one checkpoint's trainer state into ``trainer``, whatever world size wrote it.
-
-    A trainer with its own ``load_checkpoint`` (the sharded one) does the work;
-    a one-process `PolicyTrainer` reads a DCP checkpoint through
-    `load_dcp_unsharded` and a plain one through its ``load_state_dict``.
-    """
-    load = getattr(trainer, "load_checkpoint", None)
-    if load is not None:
-        load(ckpt, trainer_state)
-    elif trainer_state.get("format") == "dcp":
-        load_dcp_unsharded(trainer.model, trainer.optimizer, ckpt / DCP_DIR)
-        trainer.scheduler.load_state_dict(trainer_state["scheduler"])
-    else:
-        trainer.load_state_dict(trainer_state)
 
 
 def load_dcp_unsharded(

@@ -37,7 +37,7 @@ from temper.algos.value import explained_variance, gae, turn_gae, value_loss
 from temper.config.algo import AlgoConfig
 from temper.config.critic import CriticConfig
 from temper.config.trainer import TrainerConfig
-from temper.rollout.trajectory import Trajectory
+from temper.records import Trajectory
 from temper.trainer.batching import MicroBatch
 from temper.trainer.optim import build_optimizer
 from temper.trainer.packing import PackedMicroBatch
@@ -45,7 +45,7 @@ from temper.trainer.packing import PackedMicroBatch
 Rows = dict[int, torch.Tensor]  # one [R_i] tensor per trajectory index
 
 
-class PolicyTrainer(Protocol):
+class PolicyBatching(Protocol):
     """What the critic uses of `temper.trainer.policy_trainer.PolicyTrainer`: the policy,
     its config, and its batching and forward seams (so the critic batches, shards and
     runs exactly as the policy does, at any world size)."""
@@ -134,7 +134,7 @@ class Critic:
         return self.steps < self.cfg.warmup_steps
 
     @torch.no_grad()
-    def values(self, trainer: PolicyTrainer, trajs: list[Trajectory], rows: list[int]) -> Rows:
+    def values(self, trainer: PolicyBatching, trajs: list[Trajectory], rows: list[int]) -> Rows:
         """Each row's values ``[R_i]`` now (the step's "old" values); a head also keeps
         the policy's features of these rows for `update`."""
         self._features = {}
@@ -155,7 +155,7 @@ class Critic:
                 out[i] = self.module(h)[:, 0].float()
         return out
 
-    def _values_with_grad(self, trainer: PolicyTrainer, trajs, batch: list[int], mb) -> list:
+    def _values_with_grad(self, trainer: PolicyBatching, trajs, batch: list[int], mb) -> list:
         lengths = [len(trajs[i].response_ids) for i in batch]
         if self.cfg.kind == "head":
             return [self.module(self._features[i])[:, 0].float() for i in batch]
@@ -164,7 +164,7 @@ class Critic:
 
     def update(
         self,
-        trainer: PolicyTrainer,
+        trainer: PolicyBatching,
         trajs: list[Trajectory],
         chunks: list[list[int]],
         old_values: Rows,
@@ -316,7 +316,7 @@ def _turn_targets(
     return advantages, returns
 
 
-def whiten(trainer: PolicyTrainer, advantages: Rows, mask: torch.Tensor, rows: list[int]) -> Rows:
+def whiten(trainer: PolicyBatching, advantages: Rows, mask: torch.Tensor, rows: list[int]) -> Rows:
     """Advantages normalised to mean 0, std 1 over the step's policy tokens (moments
     summed over processes with the trainer's ``_reduce_sums``)."""
     adv = _pad([advantages[i] for i in rows])

@@ -47,7 +47,7 @@ from torch.distributed.tensor import DTensor
 
 from temper.config.algo import AlgoConfig
 from temper.config.trainer import TrainerConfig
-from temper.rollout.trajectory import Trajectory
+from temper.records import Trajectory
 from temper.trainer.batching import MicroBatch, collate
 from temper.trainer.packing import PackedMicroBatch, collate_packed, shard_by_tokens
 from temper.trainer.parallel import build_mesh, clip_grad_norm, parallelize

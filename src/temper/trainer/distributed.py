@@ -39,11 +39,12 @@ import torch
 from temper.config.algo import AlgoConfig
 from temper.config.trainer import TrainerConfig
 from temper.errors import ConfigError
-from temper.rollout.trajectory import Trajectory
+from temper.records import Trajectory
+from temper.trainer.base import TrainerAbilities, TrainerDefaults
 from temper.trainer.checkpoint import DCP_DIR
 from temper.trainer.dist_worker import WorkerSpec, run_worker
 from temper.trainer.expert_parallel import check_ep
-from temper.trainer.launch import Launch, LaunchedRanks, check_world_size, detect_launch
+from temper.trainer.launch import Launch, LaunchedRanks
 from temper.trainer.optim import build_optimizer
 from temper.trainer.parallel import check_tp
 from temper.trainer.pipeline import check_pp
@@ -93,8 +94,8 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class DistributedTrainer:
-    """Trains on ``cfg.world_size`` FSDP2 ranks; same interface as `PolicyTrainer`.
+class DistributedTrainer(TrainerDefaults):
+    """Trains on ``cfg.world_size`` FSDP2 ranks; the same `Trainer` as `PolicyTrainer`.
 
     ``model`` is the parent's CPU copy of the policy, loaded from ``model_path``
     like each rank's; it is kept equal to the trained weights after every step
@@ -102,6 +103,8 @@ class DistributedTrainer:
     Call `close` when done (the orchestrator does); the ranks also exit if this
     process dies.
     """
+
+    abilities = TrainerAbilities(sharded_state=True)
 
     def __init__(
         self,
@@ -186,7 +189,7 @@ class DistributedTrainer:
                 conn.send(("attach_sink", sink if rank in writers else None))
             self._collect("attach_sink")
 
-    # --- the PolicyTrainer interface -------------------------------------------------
+    # --- the Trainer protocol -------------------------------------------------------
 
     def train_step(self, trajs: list[Trajectory]) -> dict[str, float]:
         """One update on every rank; sets ``trainer_logprobs``; returns rank 0's metrics."""
@@ -354,76 +357,3 @@ def _stop(procs: list[Any], conns: list[Connection], grace_s: float = 5.0) -> No
             proc.join()
     for conn in conns:
         conn.close()
-
-
-def build_trainer(cfg: Any, model: torch.nn.Module, model_path: str, pad_id: int) -> Any:
-    """The run's trainer: `PolicyTrainer` in this process at world_size 1, else ranks.
-
-    ``cfg`` is the whole run `Config`; ``model`` was loaded from ``model_path``.
-    A KL reference is the configured base model (``model.path``), as at world size 1.
-    """
-    from temper.devices import resolve_device
-    from temper.models import load_model, resolve_model_path
-    from temper.trainer.policy_trainer import PolicyTrainer
-    from temper.vision.processor import pixel_source, vision_for
-    from temper.vision.store import run_image_store
-
-    ref_path = str(resolve_model_path(cfg.model.path)) if cfg.algo.uses_reference else None
-    steps = cfg.orchestrator.steps
-    vision = vision_for(str(resolve_model_path(cfg.model.path)))
-    launch = detect_launch(master_addr=cfg.trainer.master_addr, master_port=cfg.trainer.master_port)
-    if launch is not None:
-        if launch.rank != 0:
-            raise ConfigError(
-                f"{launch.launcher} rank {launch.rank} reached the run itself: launched ranks "
-                "other than 0 must run `temper train` (the CLI), which only trains there"
-            )
-        check_world_size(cfg.trainer.world_size, launch)
-        trainer_cfg = cfg.trainer.model_copy(update={"world_size": launch.world_size})
-        if vision is not None or cfg.algo.advantage == "gae" or cfg.trainer.mode != "rl":
-            raise ConfigError(
-                f"{launch.launcher} with {launch.world_size} ranks: launched trainers run RL "
-                "with a group baseline on text models so far (not a vision-language model, "
-                "algo.advantage = 'gae', or trainer.mode = 'sft'/'rft')"
-            )
-        return DistributedTrainer(
-            model, model_path, trainer_cfg, cfg.algo, steps, pad_id, ref_path=ref_path,
-            launch=launch,
-        )  # fmt: skip
-    if cfg.trainer.world_size > 1:
-        if vision is not None:
-            raise ConfigError(
-                "trainer.world_size > 1 trains text models only so far; a vision-language "
-                "model trains at world_size = 1"
-            )
-        return DistributedTrainer(
-            model, model_path, cfg.trainer, cfg.algo, steps, pad_id, ref_path=ref_path
-        )
-    device = resolve_device(cfg.trainer.device, "trainer.device")
-    model.to(device)
-    ref = load_model(ref_path, dtype=torch.float32).to(device) if ref_path else None
-    pixels = pixel_source(vision, run_image_store(cfg)) if vision is not None else None
-    critic = _build_critic(cfg, model, device) if cfg.algo.advantage == "gae" else None
-    return PolicyTrainer(
-        model,
-        cfg.trainer,
-        cfg.algo,
-        steps,
-        pad_id=pad_id,
-        ref_model=ref,
-        pixels=pixels,
-        critic=critic,
-    )
-
-
-def _build_critic(cfg: Any, model: torch.nn.Module, device: torch.device) -> Any:
-    """PPO's critic (`temper.trainer.critic`): a value model loaded from
-    ``critic.model_path`` (default: the policy's starting weights), or a head."""
-    from temper.models import load_model
-    from temper.trainer.critic import Critic
-
-    value_model = None
-    if cfg.critic.kind == "model":
-        value_model = load_model(cfg.critic.model_path or cfg.model.path).to(device)
-    o, t = cfg.orchestrator, cfg.trainer
-    return Critic(cfg.critic, t, model, value_model, o.steps * t.ppo_epochs * t.mini_batches)

@@ -18,7 +18,7 @@ from temper.algos import (
     reinforce_pp_token_returns,
 )
 from temper.config.schema import AlgoConfig
-from temper.rollout.trajectory import Trajectory
+from temper.records import Trajectory
 
 
 def policy_objective(

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 import torch
 from transformers import AttentionInterface
 
-from temper.rollout.trajectory import Trajectory
+from temper.records import Trajectory
 from temper.trainer.batching import tensor_fields_to
 
 #: The name `packed_attention` is registered under (a model runs it inside `packed_forward`).

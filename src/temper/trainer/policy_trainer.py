@@ -30,6 +30,8 @@ import contextlib
 import copy
 import math
 from collections import defaultdict
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -45,8 +47,10 @@ from temper.algos.off_policy import importance_weights
 from temper.config.algo import AlgoConfig
 from temper.config.trainer import TrainerConfig
 from temper.devices import trainer_precision
-from temper.rollout.trajectory import Trajectory
+from temper.records import Trajectory
+from temper.trainer.base import TrainerAbilities, TrainerDefaults
 from temper.trainer.batching import MicroBatch, PixelSource, collate, plan_micro_batches
+from temper.trainer.checkpoint import DCP_DIR, load_dcp_unsharded
 from temper.trainer.critic import Critic, critic_stats, gae_targets, whiten
 from temper.trainer.expert_parallel import expert_modules, moe_load, moe_metrics
 from temper.trainer.forward import response_logits
@@ -62,8 +66,10 @@ from temper.trainer.packing import (
 from temper.trainer.step_stats import accumulate_ratio_stats, rl_step_stats, sft_step_stats
 
 
-class PolicyTrainer:
+class PolicyTrainer(TrainerDefaults):
     """Owns the trainable policy, its optimizer and (optionally) a frozen reference."""
+
+    abilities = TrainerAbilities(undo=True)
 
     def __init__(
         self,
@@ -415,6 +421,16 @@ class PolicyTrainer:
         if self.critic is not None:
             state["critic"] = self.critic.state_dict()
         return state
+
+    def load_checkpoint(self, ckpt: Path, trainer_state: dict[str, Any]) -> None:
+        """Restore from checkpoint ``ckpt``: a DCP checkpoint (written by sharded ranks of
+        any world size) through `load_dcp_unsharded`, a plain one through `load_state_dict`
+        (the HF weights were loaded with the model)."""
+        if trainer_state.get("format") == "dcp":
+            load_dcp_unsharded(self.model, self.optimizer, ckpt / DCP_DIR)
+            self.scheduler.load_state_dict(trainer_state["scheduler"])
+        else:
+            self.load_state_dict(trainer_state)
 
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])

@@ -24,7 +24,7 @@ import traceback
 from typing import Any
 
 from temper.errors import ConfigError
-from temper.orchestrator.remote.ray_actor import import_ray
+from temper.ray_cluster import import_ray
 from temper.trainer.dist_worker import HANDLERS, WorkerSpec, join_group, make_trainer
 
 

@@ -16,7 +16,6 @@ import os
 import tempfile
 from collections import OrderedDict
 from pathlib import Path
-from typing import Any
 
 from temper.vision.images import Image, ImageError, _decode
 
@@ -77,8 +76,3 @@ class ImageStore:
 
     def __len__(self) -> int:
         return sum(1 for _ in self.root.glob("*/*.png"))
-
-
-def run_image_store(cfg: Any) -> ImageStore:
-    """The image store of the run ``cfg`` describes: ``<run.output_dir>/<run.name>/images``."""
-    return ImageStore(Path(cfg.run.output_dir) / cfg.run.name / "images")

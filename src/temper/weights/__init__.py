@@ -1,7 +1,12 @@
-"""temper.weights: versioned weight transports from trainer to engines."""
+"""temper.weights: versioned weight transports from trainer to engines.
+
+`WeightTransport` (`transport.py`) is the protocol: ``publish(state_dict, version)``,
+``receive(version)``, ``latest_version()``. `choose.py` picks the transport for where
+a run's engines are, and says which transports are library-only.
+"""
 
 from temper.weights.broadcast import BroadcastTransport
-from temper.weights.placement import local_transport, push_weights
+from temper.weights.choose import push_weights, ring_reader, trainer_transport
 from temper.weights.safetensors_file import SafetensorsFileTransport
 from temper.weights.shm_ring import SharedMemoryRingTransport
 from temper.weights.transport import (
@@ -23,6 +28,7 @@ __all__ = [
     "TensorEntry",
     "WeightTransport",
     "WeightTransportError",
-    "local_transport",
     "push_weights",
+    "ring_reader",
+    "trainer_transport",
 ]

@@ -30,7 +30,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from temper.envs.tools import parse_tool_calls
+from temper.models.tool_calls import parse_tool_calls
 from temper.monitor.dashboard.images import (
     ImageLinks,
     message_parts,

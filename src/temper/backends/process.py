@@ -39,19 +39,24 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from temper.backends.worker import BuildWorker, RolloutWorker
+from temper.config import Config
+from temper.models.loader import quiet_transformers
+
 Message = tuple[str, int, Any]
 
 
 @dataclass
 class WorkerSpec:
-    """Everything a worker process needs to build itself (picklable)."""
+    """Everything a worker process needs to build itself (picklable: ``build`` is a
+    module-level function, pickled by name)."""
 
-    cfg: Any  # temper.config.Config
+    cfg: Config
     model_path: str
     ring_root: str | None
     start_version: int
     heartbeat_s: float
-    factory: Callable[..., Any] | None = None  # default: RolloutWorker
+    build: BuildWorker
 
 
 # ---------------------------------------------------------------- worker side
@@ -68,24 +73,15 @@ def worker_main(conn: Connection, spec: WorkerSpec) -> None:
 
     threading.Thread(target=_beat, args=(send, spec.heartbeat_s), daemon=True).start()
     try:
-        _quiet_libraries()
-        factory = spec.factory
-        if factory is None:
-            from temper.orchestrator.remote.worker import RolloutWorker as factory
-        worker = factory(spec.cfg, spec.model_path, spec.ring_root, spec.start_version)
+        quiet_transformers()
+        worker = RolloutWorker(
+            spec.cfg, spec.model_path, spec.ring_root, spec.start_version, spec.build
+        )
     except BaseException as exc:  # report why, then exit: the orchestrator decides
         traceback.print_exc()
         _send_or_exit(send, ("failed", 0, f"{type(exc).__name__}: {exc}"))
         return
     asyncio.run(_serve(conn, send, worker))
-
-
-def _quiet_libraries() -> None:
-    """As the CLI does: no per-load progress bars from transformers on the shared terminal."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
 
 
 def _beat(send: Callable[[Message], None], every: float) -> None:

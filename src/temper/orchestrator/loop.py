@@ -1,11 +1,14 @@
-"""The synchronous RL loop.
+"""The training loop: `Orchestrator` owns one run, synchronous or asynchronous.
 
-Each step: sample prompts → generate a group per prompt → score → advantages →
-update the policy → publish the new weights to the engine as version step.
-Evaluates at the start, every `eval.every` steps and at the end; checkpoints
-atomically; writes metrics, sampled trajectories and the report into the run
-directory. A resumed synchronous run continues exactly where the checkpoint
-left off (an async one loses the groups in flight: docs/async.md).
+It builds the run's parts through `temper.builder` (model, trainer, rollout backend,
+tasks, sinks), then runs steps from ``start_step + 1`` to ``orchestrator.steps``:
+each step is an `RLStep` (collect → advantages → train → publish → metrics,
+`temper.orchestrator.rl_step`) or, with ``trainer.mode = "sft"``/``"rft"``, a
+supervised step (`temper.orchestrator.self_improve`). Around the steps it evaluates
+at the start, every ``eval.every`` steps and at the end, runs the health checks,
+checkpoints atomically (`temper.trainer.checkpoint`), and writes the run
+directory. A resumed synchronous run continues exactly where the checkpoint left
+off (an async one loses the groups in flight: docs/async.md).
 """
 
 from __future__ import annotations
@@ -18,13 +21,16 @@ from typing import Any
 import torch
 
 from temper import compute
+from temper.backends.base import RolloutBackend
+from temper.builder.backends import build_backend
+from temper.builder.model import load_run_model
+from temper.builder.sinks import build_sinks
+from temper.builder.tasks import RunTasks, build_run_tasks, build_sft_rows
+from temper.builder.trainer import build_trainer
 from temper.config import Config
-from temper.data.task_sampling import LearnsFromResults
-from temper.engine.base import SamplingParams
 from temper.errors import ConfigError
 from temper.eval.harness import evaluate
-from temper.models import load_model, load_tokenizer, resolve_model_path
-from temper.monitor.external_sinks import build_sinks
+from temper.models import load_model
 from temper.monitor.health import Alert, HealthMonitor
 from temper.monitor.profile import profile_to, stage
 from temper.monitor.progress import RunProgress
@@ -42,51 +48,32 @@ from temper.orchestrator.auto_placement import (
     fixed_placement,
     placement_metrics,
 )
-from temper.orchestrator.backend import publish_weights
-from temper.orchestrator.build import build_run_tasks, build_vision
-from temper.orchestrator.placement import build_backend
-from temper.orchestrator.refill import assign_advantages, step_groups
-from temper.orchestrator.run_dir import RunDir, load_recorded_groups
+from temper.orchestrator.rl_step import RLStep, StepResult, sampling_params
+from temper.orchestrator.run_dir import RunDir
 from temper.orchestrator.run_guard import (
     RunGuard,
     check_can_learn,
     check_log_config,
     check_reward_functions,
 )
-from temper.orchestrator.self_improve import build_self_improve
+from temper.orchestrator.self_improve import RFTRounds, SFTSteps
 from temper.orchestrator.stage_model import format_plan
-from temper.orchestrator.step_metrics import (
-    rollout_metrics,
-    rollout_seconds,
-    stage_times,
-    staleness_metrics,
-)
+from temper.records import Trajectory
 from temper.rollout.multi_turn import episode_stats
 from temper.rollout.single_turn import check_prompt_fits
-from temper.rollout.sources import Groups
-from temper.rollout.trajectory import Trajectory
-from temper.trainer.checkpoint import (
-    load_checkpoint_state,
-    restore_trainer,
-    save_checkpoint,
-    set_rng_state,
-)
-from temper.trainer.distributed import build_trainer
+from temper.trainer.checkpoint import load_checkpoint_state, save_checkpoint, set_rng_state
+
+#: A step of any kind: `RLStep`, `SFTSteps` or `RFTRounds`.
+Steps = RLStep | SFTSteps | RFTRounds
 
 
-class SyncOrchestrator:
+class Orchestrator:
     """Owns one run: its components, its loop and its run directory."""
 
     def __init__(self, cfg: Config) -> None:
-        if cfg.engine.type == "openai" and cfg.orchestrator.mode != "rollout_only":
-            # A remote endpoint cannot load our weights: refuse before loading anything.
-            raise ConfigError(
-                "engine.type = 'openai' cannot train (the endpoint takes no weight updates); "
-                "use it with temper eval or orchestrator.mode = 'rollout_only'"
-            )
         self.cfg = cfg
-        check_log_config(cfg)
         check_can_learn(cfg)
+        check_log_config(cfg)
         check_auto_placement(cfg)
         if cfg.run.threads:
             compute.set_threads(cfg.run.threads)
@@ -100,51 +87,39 @@ class SyncOrchestrator:
 
     def _build(self, cfg: Config) -> None:
         self.start_step = 0
-        model_path = str(resolve_model_path(cfg.model.path))
-        ckpts = [self.run_dir.resume_from] if self.run_dir.resume_from else []
-        if ckpts:
-            model_path = str(ckpts[-1])
+        resume = self.run_dir.resume_from
         torch.manual_seed(cfg.run.seed)
-        self.tokenizer = load_tokenizer(model_path)
-        vision = build_vision(cfg)
-        # What a checkpoint saves beside the weights: the tokenizer, or a VLM's whole
-        # processor (tokenizer, image processor, chat template) so it loads as a VLM.
-        self.model_files = vision.processor if vision is not None else self.tokenizer
-        self.model = load_model(model_path, dtype=torch.float32)
-        pad = self.tokenizer.pad_token_id
+        self.model = load_run_model(cfg, str(resume) if resume else None, images=True)
+        self.policy = load_model(self.model.weights, dtype=torch.float32)
+        pad = self.model.tokenizer.pad_token_id
         # world_size > 1: FSDP2 ranks in child processes (temper.trainer.distributed).
-        self.trainer = build_trainer(cfg, self.model, model_path, pad if pad is not None else 0)
-        # Engines (local, or in rollout workers) and the transport their weights take.
-        tasks = None
-        if cfg.orchestrator.backend in ("process", "ray"):
+        self.trainer = build_trainer(cfg, self.policy, self.model, pad if pad is not None else 0)
+        tasks = build_run_tasks(cfg)
+        if cfg.orchestrator.backend != "local":
             # The workers write their pid files into the run directory, so it is made
             # before they start: check the data and reward functions here first.
-            tasks = build_run_tasks(cfg)
-            check_reward_functions(cfg, [*tasks[1], *getattr(tasks[0], "tasks", [])])
+            check_reward_functions(cfg, [*tasks.heldout, *tasks.train.tasks])
             self.run_dir.create(cfg)
-        self.backend = build_backend(cfg, model_path, self.tokenizer, self.run_dir.path, tasks)
-        self.rollouts = self.backend.rollouts
-        self.sampler, self.eval_tasks = self.rollouts.train, self.rollouts.heldout
-        self._check_prompts_fit()
-        check_reward_functions(cfg, [*self.eval_tasks, *getattr(self.sampler, "tasks", [])])
-        # trainer.mode = "sft" / "rft": the steps are run there (None: RL steps, here).
-        self.self_improve = build_self_improve(cfg, self.trainer, self.backend, self.tokenizer)
-        if HealthMonitor(cfg.health).may_skip and getattr(self.trainer, "snapshot", None) is None:
+        self.backend: RolloutBackend = build_backend(cfg, self.model, tasks, self.run_dir.path)
+        self.sampler, self.eval_tasks = tasks.train, tasks.heldout
+        self._check_prompts_fit(tasks)
+        check_reward_functions(cfg, [*tasks.heldout, *tasks.train.tasks])
+        self.health = HealthMonitor(cfg.health)
+        self.steps = self._steps(cfg)
+        if self.health.may_skip and not self.trainer.abilities.undo:
             raise ConfigError("health checks with action 'skip' need trainer.world_size = 1")
         self.run_dir.create(cfg)  # replaces an old run (overwrite) only now
-        if ckpts:
-            compute.run(self._restore, ckpts[-1])
+        if resume:
+            compute.run(self._restore, resume)
         sinks = build_sinks(
             cfg.log, self.run_dir.path, cfg.run.name, cfg.model_dump(mode="json"), self.start_step
         )
         self.metrics = FanOutSink(JsonlSink(self.run_dir.metrics), sinks)
         self.events = JsonlSink(self.run_dir.events)
-        self.health = HealthMonitor(cfg.health)
         self.guard = RunGuard(cfg, self.health, self.events)
         self._last_trajs: list[Trajectory] = []
         self._checkpointed = -1
         self.async_rollouts: AsyncRollouts | None = None
-        self._step_alerts: list[Alert] | None = None
         # What each step records as placement/*; "auto" changes it (temper.orchestrator.
         # auto_placement), "fixed" keeps the configured one.
         self.placement = fixed_placement(cfg, compute.get_threads())
@@ -152,49 +127,37 @@ class SyncOrchestrator:
         if cfg.orchestrator.placement == "auto":
             self.placer = AutoPlacement(cfg, self.backend, self.run_dir.metrics)
 
-    def _check_prompts_fit(self) -> None:
+    def _steps(self, cfg: Config) -> Steps:
+        """The step of ``trainer.mode``: RL, supervised (sft) or rejection sampling (rft)."""
+        if cfg.trainer.mode == "rft":
+            return RFTRounds(cfg, self.trainer, self.backend, self.sampler)
+        if cfg.trainer.mode == "sft":
+            if self.model.vision is not None:
+                raise ConfigError("trainer.mode = 'sft' trains text models only so far")
+            rows = build_sft_rows(cfg, self.model.tokenizer, self.backend.max_context)
+            return SFTSteps(cfg, self.trainer, self.backend, rows)
+        return RLStep(
+            cfg, self.trainer, self.backend, self.sampler, self.health, self._system_metrics
+        )
+
+    def _check_prompts_fit(self, tasks: RunTasks) -> None:
         """Fail before any work if a dataset prompt cannot fit in the context.
 
         Env runs are checked per episode instead (the env renders the first prompt).
         """
-        renderer = self.rollouts.renderer
+        renderer = self.backend.rollouts.renderer
         if renderer is None:
             return
-        tasks = list(self.eval_tasks)
-        tasks += getattr(self.sampler, "tasks", [])
-        for task in tasks:
+        for task in [*tasks.heldout, *tasks.train.tasks]:
             ids, _ = renderer.render(task)
             check_prompt_fits(task, ids, self.backend.max_context)
-
-    def _restore(self, ckpt: Path) -> None:
-        state, trainer_state, rng = load_checkpoint_state(ckpt)
-        restore_trainer(self.trainer, trainer_state, ckpt)  # any world size wrote it
-        self.sampler.load_state_dict(state["sampler"])
-        if self.self_improve is not None:
-            self.self_improve.load_state_dict(state)
-        set_rng_state(rng)
-        self.start_step = int(state["step"])
-        self.backend.version = int(state["version"])
-        truncate_jsonl_after_step(self.run_dir.metrics, self.start_step)
-        truncate_jsonl_after_step(self.run_dir.events, self.start_step)
-        self.run_dir.drop_after(self.start_step)
-
-    def _sampling(self) -> SamplingParams:
-        o = self.cfg.orchestrator
-        return SamplingParams(
-            n=o.group_size,
-            temperature=o.temperature,
-            top_p=o.top_p,
-            top_k=o.top_k,
-            max_new_tokens=o.max_response_tokens,
-        )
 
     async def evaluate(self, step: int) -> dict[str, Any]:
         e = self.cfg.eval
         tasks = self.eval_tasks[: e.size] if e.size else self.eval_tasks
         t0 = time.perf_counter()
         result = await evaluate(
-            self.rollouts.source,
+            self.backend.rollouts.source,
             tasks,
             k=e.k,
             temperature=e.temperature,
@@ -208,93 +171,10 @@ class SyncOrchestrator:
         return result
 
     async def train_step(self, step: int) -> dict[str, Any]:
-        if self.self_improve is not None:  # trainer.mode = "sft" / "rft"
-            m, self._last_trajs = await self.self_improve.step(step)
-            self._write_samples(step, self._last_trajs, int(m.get("reward_errors", 0)))
-            return m
-        cfg = self.cfg
-        t0 = time.perf_counter()
-        version_before = self.backend.version
-        mode = cfg.orchestrator.mode
-        groups, generated, rollout_stats, extra = await self._collect_groups(step)
-        flat = [t for g in generated for t in g]
-        if isinstance(self.sampler, LearnsFromResults) and mode != "train_only":
-            self.sampler.observe(step, flat)  # every group, zero-variance ones too
-            extra |= self.sampler.metrics()
-        self._last_trajs = flat
-        failures = int(rollout_stats["reward_errors"])
-        t2 = time.perf_counter()
-        # Async: the engine keeps generating while the trainer steps, so it keeps its cache.
-        asleep = False
-        if not self.async_rollouts:
-            if self.backend.abilities.sleep and cfg.engine.sleep:
-                self.backend.sleep()  # colocated on a GPU: weights and cache freed
-                asleep = True
-            elif self.backend.abilities.release_memory and cfg.engine.release_memory_during_train:
-                self.backend.release_memory()
-        kept, dropped = assign_advantages(
-            groups,
-            cfg.algo.advantage,
-            cfg.orchestrator.drop_zero_variance_groups,
-            cfg.algo.credit,
-            cfg.algo.turn_discount,
-        )
-        train = bool(kept) and mode != "rollout_only"
-        snapshot = None
-        if train and self.health.may_skip:  # a "skip" check may undo this update
-            snapshot = await compute.arun(self.trainer.snapshot)
-        with stage("train"):
-            train_stats = await compute.arun(self.trainer.train_step, kept) if train else {}
-        t3 = time.perf_counter()
-        self._step_alerts = None
-        if snapshot is not None:
-            train = await self._check_before_publish(
-                step, flat, train_stats, rollout_stats, snapshot
-            )
-        if asleep:
-            self.backend.wake_up()
-        if train:
-            with stage("weight_sync"):
-                publish_weights(self.backend, self.trainer.engine_state_dict(), step)
-            if self.async_rollouts is not None:
-                self.async_rollouts.weights_updated(step)
-        t4 = time.perf_counter()
-        m: dict[str, Any] = {"step": step, **rollout_metrics(flat), **train_stats}
-        m.update(
-            groups_kept=len(groups) - dropped,
-            groups_dropped=len(generated) - len(groups) + dropped,
-            samples=len(flat),
-            reward_errors=failures,
-            policy_version=self.backend.version,
-            gen_tokens_per_s=m["tokens_generated"] / max(rollout_seconds(rollout_stats), 1e-9),
-        )
-        m.update(stage_times(rollout_stats, t0, t2, t3, t4))
-        m.update(staleness_metrics(flat, version_before))
-        m.update(extra)
-        m.update(self._system_metrics(flat))
-        self._write_samples(step, flat, failures)
+        """One step of the run's kind; records its samples and reward errors."""
+        m, self._last_trajs = await self.steps.step(step)
+        self._write_samples(step, self._last_trajs, int(m.get("reward_errors", 0)))
         return m
-
-    async def _collect_groups(self, step: int) -> tuple[Groups, Groups, dict, dict]:
-        """This step's groups: (to train on, all generated, rollout stats, extra metrics),
-        recorded (train_only), from the background (async) or generated now."""
-        cfg = self.cfg
-        if cfg.orchestrator.mode == "train_only":
-            groups, stats = load_recorded_groups(cfg.orchestrator.train_from, step)
-            return groups, groups, stats, {}
-        if self.async_rollouts is not None:
-            groups, stats = await self.async_rollouts.take(step)
-            return groups, groups, stats, {}
-        batch = await step_groups(
-            self.rollouts.source,
-            self.sampler,
-            self._sampling(),
-            prompts=cfg.orchestrator.prompts_per_step,
-            seed=cfg.run.seed * 1_000_003 + step,
-            refill=cfg.orchestrator.refill,
-            max_rounds=cfg.orchestrator.max_refill_rounds,
-        )
-        return batch.train, batch.generated, batch.stats, batch.metrics
 
     def _system_metrics(self, flat: list[Trajectory]) -> dict[str, Any]:
         """Placement, async, backend, memory and env metrics of the step."""
@@ -322,66 +202,56 @@ class SyncOrchestrator:
         if failures:
             self.events.write({"step": step, "kind": "reward_errors", "count": failures})
 
-    async def _check_before_publish(
-        self,
-        step: int,
-        flat: list[Trajectory],
-        train_stats: dict[str, Any],
-        rollout_stats: dict[str, float],
-        snapshot: dict,
-    ) -> bool:
-        """Run the health checks before the new weights go out; False if a "skip" undid them."""
-        probe = {**rollout_metrics(flat), **train_stats}
-        probe["gen_tokens_per_s"] = probe["tokens_generated"] / max(
-            rollout_seconds(rollout_stats), 1e-9
-        )
-        self._step_alerts = self.health.check(step, probe)
-        if not any(a.action == "skip" for a in self._step_alerts):
-            return True
-        await compute.arun(self.trainer.restore, snapshot)
-        train_stats["update_skipped"] = 1.0
-        return False
-
     def checkpoint(self, step: int) -> None:
         if self._checkpointed == step:
             return
         self._checkpointed = step
+        t = self.trainer
+        # What a checkpoint saves beside the weights: the tokenizer, or a VLM's whole
+        # processor (tokenizer, image processor, chat template) so it loads as a VLM.
+        vision = self.model.vision
         compute.run(
             save_checkpoint,
             self.run_dir.checkpoints,
             step,
-            self.model,
-            self.model_files,
-            self.trainer.state_dict(),
+            self.policy,
+            vision.processor if vision is not None else self.model.tokenizer,
+            t.state_dict(),
             {
                 "version": self.backend.version,
                 "sampler": self.sampler.state_dict(),
-                **(self.self_improve.state_dict() if self.self_improve is not None else {}),
+                **self.steps.state_dict(),
             },
             keep=self.cfg.checkpoint.keep,
-            write_extra=getattr(self.trainer, "write_sharded_state", None),
+            write_extra=t.write_sharded_state if t.abilities.sharded_state else None,
         )
+
+    def _restore(self, ckpt: Path) -> None:
+        state, trainer_state, rng = load_checkpoint_state(ckpt)
+        self.trainer.load_checkpoint(ckpt, trainer_state)  # any world size wrote it
+        self.sampler.load_state_dict(state["sampler"])
+        self.steps.load_state_dict(state)
+        set_rng_state(rng)
+        self.start_step = int(state["step"])
+        self.backend.version = int(state["version"])
+        truncate_jsonl_after_step(self.run_dir.metrics, self.start_step)
+        truncate_jsonl_after_step(self.run_dir.events, self.start_step)
+        self.run_dir.drop_after(self.start_step)
 
     async def run(self) -> dict[str, Any]:
         """Train to `orchestrator.steps`; returns the final eval (or {})."""
         cfg = self.cfg
-        steps = cfg.orchestrator.steps
         last_eval: dict[str, Any] = {}
         started = time.perf_counter()
         with RunProgress(
-            steps, self.start_step, enabled=cfg.log.progress, every_s=cfg.log.progress_every_s
+            cfg.orchestrator.steps,
+            self.start_step,
+            enabled=cfg.log.progress,
+            every_s=cfg.log.progress_every_s,
         ) as progress:
             self.guard.start(self.start_step, self.run_dir, progress)
             if cfg.eval.at_start and self.start_step == 0:
-                # Said before it starts: on a slow engine (HF, a VLM) the first eval can
-                # take minutes, and a run that prints nothing looks like one that hangs.
-                n = min(len(self.eval_tasks), cfg.eval.size or len(self.eval_tasks))
-                progress.log(
-                    f"eval step 0: {n} held-out tasks (greedy, then {cfg.eval.k} samples each)..."
-                )
-                last_eval = await self.evaluate(0)
-                progress.log(_eval_line(0, last_eval))
-                self.health.observe_eval(0, last_eval.get("accuracy", 0.0))
+                last_eval = await self._first_eval(progress)
             step = self.start_step
             if cfg.orchestrator.max_staleness:
                 self._start_async(cfg.orchestrator.max_staleness, self.start_step + 1)
@@ -404,13 +274,25 @@ class SyncOrchestrator:
         write_report(self.run_dir.path)
         return last_eval
 
+    async def _first_eval(self, progress: RunProgress) -> dict[str, Any]:
+        # Said before it starts: on a slow engine (HF, a VLM) the first eval can take
+        # minutes, and a run that prints nothing looks like one that hangs.
+        n = min(len(self.eval_tasks), self.cfg.eval.size or len(self.eval_tasks))
+        progress.log(
+            f"eval step 0: {n} held-out tasks (greedy, then {self.cfg.eval.k} samples each)..."
+        )
+        result = await self.evaluate(0)
+        progress.log(_eval_line(0, result))
+        self.health.observe_eval(0, result.get("accuracy", 0.0))
+        return result
+
     def _start_async(self, max_staleness: int, first_step: int) -> None:
         """Make rollouts in the background from ``first_step`` on."""
         o = self.cfg.orchestrator
         self.async_rollouts = AsyncRollouts(
-            self.rollouts.source,
+            self.backend.rollouts.source,
             lambda: self.sampler.sample(1)[0],
-            self._sampling(),
+            sampling_params(self.cfg),
             prompts_per_step=o.prompts_per_step,
             max_staleness=max_staleness,
             interrupt=o.interrupt,
@@ -418,6 +300,8 @@ class SyncOrchestrator:
             version=lambda: self.backend.version,
         )
         self.async_rollouts.start(first_step)
+        if isinstance(self.steps, RLStep):
+            self.steps.async_rollouts = self.async_rollouts
 
     def _place(self, step: int, progress: RunProgress) -> None:
         """placement = "auto": this step's probe, or, once the warm-up is over, the plan."""
@@ -448,10 +332,7 @@ class SyncOrchestrator:
             m = await self._step(step, progress)
             self.metrics.write(m)
             progress.update(step, m)
-            # Checked already (before publishing) when a check may skip the update.
-            alerts = (
-                self._step_alerts if self._step_alerts is not None else self.health.check(step, m)
-            )
+            alerts = self._step_alerts(step, m)
             alerts += self.guard.after_step(step, m, self._last_trajs, progress)
             if cfg.eval.every and step % cfg.eval.every == 0 and step != steps:
                 last_eval = await self.evaluate(step)
@@ -471,6 +352,12 @@ class SyncOrchestrator:
                 progress.log(f"time budget of {budget:.0f}s reached at step {step}")
                 break
         return step, last_eval
+
+    def _step_alerts(self, step: int, m: dict[str, Any]) -> list[Alert]:
+        """The health checks of this step, unless the step ran them before publishing
+        (a check that may skip the update)."""
+        checked = self.steps.alerts if isinstance(self.steps, RLStep) else None
+        return list(checked) if checked is not None else self.health.check(step, m)
 
     async def _step(self, step: int, progress: RunProgress) -> dict[str, Any]:
         """`train_step`, under torch.profiler when it is `log.profile_step`."""
@@ -504,9 +391,7 @@ class SyncOrchestrator:
         self.metrics.close()
         self.events.close()
         await self.backend.close()
-        close_trainer = getattr(self.trainer, "close", None)  # stops FSDP ranks, if any
-        if close_trainer is not None:
-            close_trainer()
+        self.trainer.close()  # stops FSDP ranks, if any
 
 
 def _eval_line(step: int, result: dict[str, Any]) -> str:
@@ -518,4 +403,4 @@ def _eval_line(step: int, result: dict[str, Any]) -> str:
     return "  ".join(parts)
 
 
-__all__ = ["SyncOrchestrator", "assign_advantages"]
+__all__ = ["Orchestrator", "StepResult"]

@@ -24,26 +24,22 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import os
-import re
-import shutil
-import tempfile
 import time
 import weakref
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from temper.backends.base import Rollouts
+from temper.backends.pool import WorkerPool
+from temper.backends.process import WorkerSpec
+from temper.backends.worker import BuildWorker
 from temper.config import Config
-from temper.data.base import Task
 from temper.engine.base import EngineAbilities, SamplingParams
 from temper.errors import ConfigError
-from temper.orchestrator.backend import Rollouts
-from temper.orchestrator.remote.pool import WorkerPool
-from temper.orchestrator.remote.process import WorkerSpec
-from temper.processes import pid_alive
+from temper.records import Task, Trajectory
 from temper.rollout.sources import Groups
-from temper.rollout.trajectory import Trajectory
+from temper.weights.choose import trainer_transport
 from temper.weights.shm_ring import SharedMemoryRingTransport
 
 #: Per-task seed spacing, as in `temper.rollout.single_turn.rollout_groups`.
@@ -120,17 +116,23 @@ class RemoteBackend:
 
     @classmethod
     def start(
-        cls, cfg: Config, model_path: str, rollouts: Rollouts, run_dir: Path | None = None
+        cls,
+        cfg: Config,
+        model_path: str,
+        rollouts: Rollouts,
+        build: BuildWorker,
+        run_dir: Path | None = None,
     ) -> RemoteBackend:
         """Spawn ``orchestrator.rollout_workers`` worker processes for ``cfg``; wait until ready.
 
         ``model_path`` is what the workers build their engine from (the base model
-        or the checkpoint being resumed). ``rollouts`` holds the run's tasks; its
-        source is replaced by the pool's. Worker pid files go to ``run_dir/workers``.
+        or the checkpoint being resumed), with ``build``. ``rollouts`` holds the
+        run's tasks; its source is replaced by the pool's. Worker pid files go to
+        ``run_dir/workers``.
         """
         o = cfg.orchestrator
-        ring = SharedMemoryRingTransport(_ring_root(cfg.run.name))
-        spec = WorkerSpec(cfg, model_path, str(ring.root), 0, o.heartbeat_timeout_s / 5)
+        ring = trainer_transport("workers", cfg.run.name)
+        spec = WorkerSpec(cfg, model_path, str(ring.root), 0, o.heartbeat_timeout_s / 5, build)
         pool = WorkerPool(
             spec,
             o.rollout_workers,
@@ -223,17 +225,6 @@ def _resolver(loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any]) -> Any:
             loop.call_soon_threadsafe(settle, result, error)
 
     return done
-
-
-def _ring_root(run_name: str) -> Path:
-    """A fresh ring directory for this run and process; removes rings of dead runs."""
-    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", run_name)
-    for old in base.glob(f"temper-ring-{safe}-*"):
-        pid = old.name.rsplit("-", 1)[-1]
-        if pid.isdigit() and not pid_alive(int(pid)):
-            shutil.rmtree(old, ignore_errors=True)  # left by a run that was SIGKILLed
-    return base / f"temper-ring-{safe}-{os.getpid()}"
 
 
 @atexit.register

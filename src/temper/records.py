@@ -1,6 +1,11 @@
-"""Trajectory: the exact tokens of one episode, as the trainer will see them.
+"""The shared records every floor passes around: `Task` and `Trajectory`.
 
-Token-in/token-out: `prompt_ids` are the ids the engine was given and
+A `Task` is the unit a rollout starts from; a `Trajectory` is what one episode
+(or one sample) of a task became, in exact tokens. They sit on the ground
+floor, importing nothing of Temper, so data, rewards, envs, rollouts, the
+trainer and the dashboard can all name them without importing each other.
+
+`Trajectory`, token-in/token-out: `prompt_ids` are the ids the engine was given and
 `response_ids` everything after them — sampled tokens and, in multi-turn
 episodes, observation tokens appended between turns. `loss_mask[i]` is 1 only
 for tokens the policy sampled; `behaviour_logprobs[i]` and `versions[i]` are the
@@ -14,8 +19,8 @@ none), `messages` the conversation as chat messages (for logs and judges),
 `env_info`/`env_metrics` the env's merged info and summed counters, and
 `env_error` the reason when the env failed, and `episode_seed` / `task` the
 seed and task the env was reset with (what `temper replay` needs). `images`
-names the images the sequence shows, by content hash and token offset. Single-turn trajectories keep the
-defaults (one turn, nothing else). `answer` is the task's reference answer, when it has one.
+names the images the sequence shows, by content hash and token offset.
+Single-turn trajectories keep the defaults (one turn, nothing else). `answer` is the task's reference answer, when it has one.
 
 `advantage` is the one advantage the loss puts on every policy token (outcome
 credit); with turn-level credit (`algo.credit = "turn"`) `token_advantages`
@@ -26,6 +31,28 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+
+@dataclass
+class Task:
+    """One prompt with what is needed to score it.
+
+    `prompt` is either plain text (sent as a single user message) or a list of
+    chat messages (`{"role": ..., "content": ...}`). `answer` is the reference
+    answer for verifiable rewards (may be None). `columns` carries every other
+    dataset column, passed to reward functions as keyword arguments.
+    """
+
+    id: str
+    prompt: str | list[dict[str, Any]]
+    answer: str | None = None
+    category: str = "default"
+    columns: dict[str, Any] = field(default_factory=dict)
+
+    def messages(self) -> list[dict[str, Any]]:
+        if isinstance(self.prompt, str):
+            return [{"role": "user", "content": self.prompt}]
+        return list(self.prompt)
 
 
 @dataclass

@@ -7,21 +7,24 @@ processes). See docs/scaling.md, "Ray".
 
 from __future__ import annotations
 
+from temper.backends.base import Rollouts
+from temper.backends.ray_pool import RayWorkerPool
+from temper.backends.remote import RemoteBackend
+from temper.backends.worker import BuildWorker
 from temper.config import Config
-from temper.orchestrator.backend import Rollouts
-from temper.orchestrator.remote.ray_actor import ray_settings, start_ray
-from temper.orchestrator.remote.ray_pool import RayWorkerPool
-from temper.orchestrator.remote.rollouts import RemoteBackend, _ring_root
-from temper.weights.shm_ring import SharedMemoryRingTransport
+from temper.ray_cluster import ray_settings, start_ray
+from temper.weights.choose import trainer_transport
 
 
-def start_ray_backend(cfg: Config, model_path: str, rollouts: Rollouts) -> RemoteBackend:
+def start_ray_backend(
+    cfg: Config, model_path: str, rollouts: Rollouts, build: BuildWorker
+) -> RemoteBackend:
     """Start ``orchestrator.rollout_workers`` Ray actors for ``cfg``; wait until ready.
 
     Connects to Ray first unless this process already is (`start_ray`: a local
     cluster, or ``orchestrator.ray_address``). ``model_path`` must be readable
     on every node that runs an actor (a path inside the installed package, a
-    shared filesystem or the image). As with the process backend, weights are
+    shared filesystem or the image); each actor builds its parts with ``build``. As with the process backend, weights are
     published to a shared-memory ring on this machine; the pool ships each
     version to the actors through the object store. Actor pids are in
     ``pool.pids()`` (they may be on other machines).
@@ -29,11 +32,12 @@ def start_ray_backend(cfg: Config, model_path: str, rollouts: Rollouts) -> Remot
     start_ray(cfg)
     o = cfg.orchestrator
     _, placement, num_cpus = ray_settings(cfg)
-    ring = SharedMemoryRingTransport(_ring_root(cfg.run.name))
+    ring = trainer_transport("workers", cfg.run.name)
     pool = RayWorkerPool(
         cfg,
         model_path,
         o.rollout_workers,
+        build,
         ring_root=str(ring.root),
         heartbeat_timeout_s=o.heartbeat_timeout_s,
         max_retries=o.max_retries,

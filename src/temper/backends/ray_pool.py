@@ -42,8 +42,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from temper.orchestrator.remote.ray_actor import HEALTH_GROUP, RayRolloutActor, import_ray
-from temper.orchestrator.remote.routing import Request, SupervisedPool, WorkerError
+from temper.backends.ray_actor import HEALTH_GROUP, RayRolloutActor
+from temper.backends.routing import Request, SupervisedPool, WorkerError
+from temper.backends.worker import BuildWorker
+from temper.config import Config
+from temper.ray_cluster import import_ray
+from temper.weights.choose import ring_reader
 
 #: Concurrent calls one actor runs (the engine batches them; Ray's async default is 1000).
 MAX_CONCURRENCY = 1024
@@ -89,9 +93,10 @@ class RayWorkerPool(SupervisedPool):
 
     def __init__(
         self,
-        cfg: Any,
+        cfg: Config,
         model_path: str,
         n: int,
+        build: BuildWorker,
         *,
         ring_root: str | None,
         heartbeat_timeout_s: float,
@@ -113,13 +118,9 @@ class RayWorkerPool(SupervisedPool):
             start_timeout_s=start_timeout_s,
             log=log,
         )
-        self.cfg, self.model_path = cfg, model_path
+        self.cfg, self.model_path, self.build = cfg, model_path, build
         self.num_cpus, self.num_gpus, self.placement = num_cpus, num_gpus, placement
-        self._ring = None
-        if ring_root is not None:
-            from temper.weights.shm_ring import SharedMemoryRingTransport
-
-            self._ring = SharedMemoryRingTransport(ring_root)
+        self._ring = ring_reader(ring_root) if ring_root is not None else None
         self._ray = import_ray()
         self._actor_cls = self._ray.remote(
             num_cpus=num_cpus,
@@ -191,7 +192,7 @@ class RayWorkerPool(SupervisedPool):
 
         strategy = PlacementGroupSchedulingStrategy(self._pg, placement_group_bundle_index=index)
         handle = self._actor_cls.options(scheduling_strategy=strategy).remote(
-            self.cfg, self.model_path, self.target_version, self.staged_weights
+            self.cfg, self.model_path, self.target_version, self.staged_weights, self.build
         )
         now = time.monotonic()
         w = _Actor(index, generation, handle, now, now)

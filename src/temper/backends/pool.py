@@ -34,8 +34,8 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
-from temper.orchestrator.remote.process import WorkerProcess, WorkerSpec
-from temper.orchestrator.remote.routing import Request, SupervisedPool, WorkerError
+from temper.backends.process import WorkerProcess, WorkerSpec
+from temper.backends.routing import Request, SupervisedPool, WorkerError
 
 
 class WorkerPool(SupervisedPool):

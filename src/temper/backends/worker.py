@@ -1,32 +1,40 @@
 """`RolloutWorker`: one rollout engine and its rollout source, built from a run config.
 
-A worker holds what the local backend holds in the orchestrator process: a
-tokenizer, an engine (`orchestrator.build.build_engine`) and the run's rollout
-source (`orchestrator.build.build_rollouts`), built from the same config and
-model path, so a group from a worker is made exactly as a local one would be.
-Weights arrive through a `SharedMemoryRingTransport` that the orchestrator
-publishes to; the worker only reads it.
+A worker holds what the local backend holds in the orchestrator process: an
+engine and the run's rollout source, made by the ``build`` function the builder
+hands the backend (`temper.builder.rollouts.build_worker_parts`) from the same
+config and model path, so a group from a worker is made exactly as a local one
+would be. The backends never import the builder: it sits above them.
+Weights arrive through the weight ring (`temper.weights.choose`) that the
+orchestrator publishes to; the worker only reads it.
 
-It knows nothing of how requests reach it: `temper.orchestrator.remote.process`
-serves it over a multiprocessing Pipe, and another transport (Ray) can call
-the same methods. Results are plain data (trajectories as dicts) so any
+It knows nothing of how requests reach it: `temper.backends.process` serves it
+over a multiprocessing Pipe, and `temper.backends.ray_actor` calls the same
+methods in a Ray actor. Results are plain data (trajectories as dicts) so any
 transport can pickle or serialise them.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
+from temper import compute
+from temper.backends.base import Rollouts
 from temper.config import Config
-from temper.data.base import Task
-from temper.engine.base import SamplingParams
+from temper.engine.base import Engine, SamplingParams
+from temper.records import Task
 from temper.rewards.base import TRAINER_STATE
+from temper.weights.choose import ring_reader
+
+#: ``(run config, weights path) -> (engine, rollouts)``: how a worker builds its parts.
+BuildWorker = Callable[[Config, str], tuple[Engine, Rollouts]]
 
 
 class RolloutWorker:
-    """Builds tokenizer, engine and rollout source; serves groups and weight loads.
+    """Builds its engine and rollout source (``build``); serves groups and weight loads.
 
     ``model_path`` is the checkpoint the orchestrator started from (the base
     model, or the resumed checkpoint). At start the worker loads the ring's
@@ -38,24 +46,21 @@ class RolloutWorker:
     """
 
     def __init__(
-        self, cfg: Config, model_path: str, ring_root: str | None, start_version: int = 0
+        self,
+        cfg: Config,
+        model_path: str,
+        ring_root: str | None,
+        start_version: int,
+        build: BuildWorker,
     ) -> None:
-        from temper import compute
-        from temper.models import load_tokenizer
-        from temper.orchestrator.build import build_engine, build_rollouts
-        from temper.vision.store import run_image_store
-        from temper.weights.shm_ring import SharedMemoryRingTransport
-
         # Workers share the machine's cores: torch teams bigger than a worker's share
         # spin against each other (2 cores, 2 workers x 2 threads: 20 s for a call
         # that took 0.4 s with 1 thread each).
         share = max(1, compute.cores() // cfg.orchestrator.rollout_workers)
         self.threads = cfg.orchestrator.worker_threads or cfg.run.threads or share
         compute.set_threads(self.threads)
-        self.tokenizer = load_tokenizer(model_path)
-        self.engine = build_engine(cfg, model_path, self.tokenizer)
-        self.rollouts = build_rollouts(cfg, self.engine, self.tokenizer, run_image_store(cfg))
-        self.ring = SharedMemoryRingTransport(ring_root) if ring_root else None
+        self.engine, self.rollouts = build(cfg, model_path)
+        self.ring = ring_reader(ring_root) if ring_root else None
         latest = self.ring.latest_version() if self.ring is not None else None
         # What TRL reward functions see as trainer_state: the weight version is the
         # number of training steps completed, as the orchestrator's own count is.
@@ -115,8 +120,6 @@ class RolloutWorker:
     def set_threads(self, threads: int) -> int:
         """Use ``threads`` torch threads from the next operation on; returns the count
         the engine's compute thread now has."""
-        from temper import compute
-
         compute.set_threads(int(threads))
         self.threads = compute.get_threads()
         return self.threads

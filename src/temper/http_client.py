@@ -1,7 +1,9 @@
 """A small async client for `POST {base_url}/chat/completions` with retries.
 
-Used by the LLM judge (`temper.rewards.judge`) to call `temper serve`, vLLM,
-OpenAI or any OpenAI-compatible endpoint. Each attempt has a timeout;
+Used by the LLM judge (`temper.rewards.judge`), the reward-model client and the
+OpenAI-endpoint engine to call `temper serve`, vLLM, OpenAI or any
+OpenAI-compatible endpoint; it sits on the ground floor so that none of them
+imports the server. Each attempt has a timeout;
 connection errors, timeouts, HTTP 408 (the server timed out reading the
 request), 429 and 5xx are retried with exponential backoff (``backoff_s *
 2**attempt``, capped at ``max_backoff_s``, no jitter); other 4xx answers are
@@ -15,10 +17,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal
 
 import httpx
+
+from temper.errors import ConfigError
 
 Send = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
@@ -159,3 +164,14 @@ class ChatClient:
                 raise ChatClientError(f"{err} (gave up after {attempt + 1} attempt(s))")
             await asyncio.sleep(min(self.backoff_s * 2**attempt, self.max_backoff_s))
         raise AssertionError("unreachable")
+
+
+def api_key_from_env(name: str | None, field: str = "engine.api_key_env") -> str | None:
+    """The API key in environment variable ``name`` (None when unset); a named but
+    missing variable is a config error that names ``field``, the setting that named it."""
+    if not name:
+        return None
+    key = os.environ.get(name)
+    if key is None:
+        raise ConfigError(f"{field} names {name!r}, which is not set")
+    return key

@@ -3,33 +3,34 @@
 The orchestrator holds exactly one backend and never an engine. A backend owns
 
 - `rollouts`: the run's rollout source with its tasks (`Rollouts`);
-- `weights`: the `WeightTransport` its engines receive from (chosen by placement,
-  see `temper.weights.placement`);
+- `weights`: the `WeightTransport` its engines receive from (chosen for where
+  the engines are by `temper.weights.choose`);
 - the engine-side abilities the loop may use (`abilities`, from
   `temper.engine.base.EngineAbilities`): release memory, sleep/wake, metrics.
 
-Implementations: `LocalBackend` (one engine in this process, an in-process
-transport) and `temper.orchestrator.remote.rollouts.RemoteBackend` (engines in
-worker processes or Ray actors, a shared-memory ring). `publish_weights` is the
-only way the loop hands new weights to engines.
+Implementations: `temper.backends.local.LocalBackend` (one engine in this
+process, an in-process transport) and `temper.backends.remote.RemoteBackend`
+(engines in worker processes or Ray actors, a shared-memory ring).
+`publish_weights` is the only way the loop hands new weights to engines.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 import torch
 
 from temper import compute
-from temper.data.base import Task
+from temper.config.engine import DuringTrain
 from temper.data.sampler import TaskSampler
-from temper.engine.base import Engine, EngineAbilities
+from temper.engine.base import EngineAbilities
+from temper.envs.registry import EnvSpec
+from temper.records import Task
 from temper.rewards.base import Reward
 from temper.rollout.single_turn import PromptRenderer
 from temper.rollout.sources import RolloutSource
-from temper.weights.placement import local_transport
 from temper.weights.transport import WeightTransport
 
 
@@ -42,13 +43,12 @@ class Rollouts:
     heldout: list[Task]
     reward: Reward | None
     renderer: PromptRenderer | None  # single-turn runs only: to check prompt lengths
-    env_spec: Any = None
+    env_spec: EnvSpec | None = None
 
     def close(self) -> None:
         """Close the reward's workers and the env spec's shared resources."""
-        close = getattr(self.reward, "close", None)  # rewards with worker processes
-        if close is not None:
-            close()
+        if self.reward is not None:
+            self.reward.close()
         if self.env_spec is not None and self.env_spec.close is not None:
             self.env_spec.close()
 
@@ -89,40 +89,12 @@ def publish_weights(
     backend.load_weights(version)
 
 
-class LocalBackend:
-    """One engine in this process; weights by reference through an in-process transport."""
-
-    def __init__(self, engine: Engine, rollouts: Rollouts) -> None:
-        self.engine, self.rollouts = engine, rollouts
-        self.weights: WeightTransport = local_transport()
-        self.abilities = engine.abilities
-        self.max_context = engine.max_context
-
-    @property
-    def version(self) -> int:
-        return self.engine.version
-
-    @version.setter
-    def version(self, value: int) -> None:
-        self.engine.version = int(value)
-
-    def load_weights(self, version: int) -> None:
-        self.engine.load_weights(self.weights, version)
-
-    def release_memory(self) -> bool:
-        return self.engine.release_memory()
-
-    def sleep(self) -> None:
-        self.engine.sleep()
-
-    def wake_up(self) -> None:
-        self.engine.wake_up()
-
-    def metrics(self) -> dict[str, float]:
-        return self.engine.metrics()
-
-    async def close(self) -> None:
-        try:
-            await self.engine.close()
-        finally:
-            self.rollouts.close()
+def free_during_train(backend: RolloutBackend, during: DuringTrain) -> bool:
+    """Free the engines' memory while the trainer steps, as the engine config asks
+    (``during``) and the backend can; True when they sleep (wake them after)."""
+    if during == "sleep" and backend.abilities.sleep:
+        backend.sleep()  # colocated on a GPU: weights and cache freed
+        return True
+    if during == "release" and backend.abilities.release_memory:
+        backend.release_memory()
+    return False

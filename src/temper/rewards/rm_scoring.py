@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from temper.serve.limits import longest_token_chars
+from temper.models.loader import longest_token_chars
 
 #: What one extra forward costs, in padded tokens: a forward's fixed Python
 #: and dispatch work on CPU takes about as long as the tiny RM spends on this
@@ -68,7 +68,7 @@ def _padded(rows: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Ten
 def cut_text(text: str, tokenizer: Any, max_length: int | None) -> str:
     """``text``, or its start when it is so long that truncation to ``max_length``
     tokens would drop the rest anyway (more than ``max_length + CUT_MARGIN_TOKENS``
-    tokens' worth of characters; see `temper.serve.limits.longest_token_chars`)."""
+    tokens' worth of characters; see `temper.models.loader.longest_token_chars`)."""
     if max_length is None:
         return text
     keep = (max_length + CUT_MARGIN_TOKENS) * longest_token_chars(tokenizer)

@@ -1,0 +1,82 @@
+"""The run's trainer from `[trainer]`, `[algo]` and `[critic]`: a `PolicyTrainer` in this
+process at ``world_size = 1``, else a `DistributedTrainer` over spawned, launched
+(torchrun, mpirun) or Ray ranks."""
+
+from __future__ import annotations
+
+import torch
+
+from temper.builder.model import RunModel
+from temper.config import Config
+from temper.devices import resolve_device
+from temper.errors import ConfigError
+from temper.models import load_model
+from temper.trainer.base import Trainer
+from temper.trainer.critic import Critic
+from temper.trainer.distributed import DistributedTrainer
+from temper.trainer.launch import check_world_size, detect_launch
+from temper.trainer.policy_trainer import PolicyTrainer
+from temper.vision.processor import pixel_source
+
+
+def build_trainer(cfg: Config, policy: torch.nn.Module, model: RunModel, pad_id: int) -> Trainer:
+    """The trainer of ``policy`` (loaded from ``model.weights``). A KL reference is the
+    configured base model (``model.base``) at any world size."""
+    ref_path = model.base if cfg.algo.uses_reference else None
+    steps = cfg.orchestrator.steps
+    launch = detect_launch(master_addr=cfg.trainer.master_addr, master_port=cfg.trainer.master_port)
+    if launch is not None:
+        if launch.rank != 0:
+            raise ConfigError(
+                f"{launch.launcher} rank {launch.rank} reached the run itself: launched ranks "
+                "other than 0 must run `temper train` (the CLI), which only trains there"
+            )
+        check_world_size(cfg.trainer.world_size, launch)
+        trainer_cfg = cfg.trainer.model_copy(update={"world_size": launch.world_size})
+        if model.vision is not None or cfg.algo.advantage == "gae" or cfg.trainer.mode != "rl":
+            raise ConfigError(
+                f"{launch.launcher} with {launch.world_size} ranks: launched trainers run RL "
+                "with a group baseline on text models so far (not a vision-language model, "
+                "algo.advantage = 'gae', or trainer.mode = 'sft'/'rft')"
+            )
+        return DistributedTrainer(
+            policy, model.weights, trainer_cfg, cfg.algo, steps, pad_id, ref_path=ref_path,
+            launch=launch,
+        )  # fmt: skip
+    if cfg.trainer.world_size > 1:
+        if model.vision is not None:
+            raise ConfigError(
+                "trainer.world_size > 1 trains text models only so far; a vision-language "
+                "model trains at world_size = 1"
+            )
+        return DistributedTrainer(
+            policy, model.weights, cfg.trainer, cfg.algo, steps, pad_id, ref_path=ref_path
+        )
+    device = resolve_device(cfg.trainer.device, "trainer.device")
+    policy.to(device)
+    ref = load_model(ref_path, dtype=torch.float32).to(device) if ref_path else None
+    pixels = None
+    if model.vision is not None:
+        assert model.images is not None  # a training run keeps its images
+        pixels = pixel_source(model.vision, model.images)
+    critic = build_critic(cfg, policy, device) if cfg.algo.advantage == "gae" else None
+    return PolicyTrainer(
+        policy,
+        cfg.trainer,
+        cfg.algo,
+        steps,
+        pad_id=pad_id,
+        ref_model=ref,
+        pixels=pixels,
+        critic=critic,
+    )
+
+
+def build_critic(cfg: Config, policy: torch.nn.Module, device: torch.device) -> Critic:
+    """PPO's critic (`temper.trainer.critic`): a value model loaded from
+    ``critic.model_path`` (default: the policy's starting weights), or a head."""
+    value_model = None
+    if cfg.critic.kind == "model":
+        value_model = load_model(cfg.critic.model_path or cfg.model.path).to(device)
+    o, t = cfg.orchestrator, cfg.trainer
+    return Critic(cfg.critic, t, policy, value_model, o.steps * t.ppo_epochs * t.mini_batches)

@@ -1,0 +1,87 @@
+"""`temper serve` and `temper serve-rm`: build the configured engine (or load a reward
+model) and serve it until Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+
+from temper.builder.engines import build_engine
+from temper.builder.model import load_run_model
+from temper.config import config_from_dict
+from temper.errors import ConfigError
+from temper.serve.limits import HTTPLimits, uvicorn_config
+from temper.serve.openai_server import create_app
+from temper.serve.runner import _bind
+
+
+def _limits(args: argparse.Namespace) -> HTTPLimits:
+    return HTTPLimits.from_flags(args.max_body_mb, args.header_timeout_s, args.body_timeout_s)
+
+
+def run_server(
+    model: str = "tiny",
+    engine_type: str = "native",
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    model_name: str | None = None,
+    limits: HTTPLimits | None = None,
+) -> None:
+    """Load ``model`` (a path or "tiny"), build the engine and serve until Ctrl-C.
+
+    The port is bound before the model loads, so a busy port fails at once.
+    """
+    import uvicorn
+
+    sock = _bind(host, port)
+    try:
+        cfg = config_from_dict({"model": {"path": model}, "engine": {"type": engine_type}})
+        run_model = load_run_model(cfg)
+        engine = build_engine(cfg, run_model)
+    except BaseException:
+        sock.close()
+        raise
+    tokenizer, vision = run_model.tokenizer, run_model.vision
+    name = model_name or model
+    limits = limits or HTTPLimits()
+    app = create_app(engine, tokenizer, name, close_engine=True, limits=limits, vision=vision)
+    bound = sock.getsockname()[1]
+    print(f"temper serve: {name} ({engine_type} engine) at http://{host}:{bound}/v1", flush=True)
+    config = uvicorn_config(app, limits, log_level="info", timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    server.run(sockets=[sock])
+    if server.should_exit:
+        # A shutdown signal (Ctrl-C, SIGTERM) stopped it. uvicorn re-raises the
+        # signal only when its handler saw it; report an interrupt either way.
+        raise KeyboardInterrupt
+
+
+def cmd_serve(args: argparse.Namespace, overrides: list[str]) -> int:
+    if overrides:
+        raise ConfigError(f"serve takes no config overrides, got {overrides[0]!r}")
+    run_server(
+        args.model,
+        args.engine,
+        args.host,
+        args.port,
+        model_name=args.served_model_name,
+        limits=_limits(args),
+    )
+    return 0
+
+
+def cmd_serve_rm(args: argparse.Namespace, overrides: list[str]) -> int:
+    from temper.serve.reward_model import run_rm_server
+
+    if overrides:
+        raise ConfigError(f"serve-rm takes no config overrides, got {overrides[0]!r}")
+    run_rm_server(
+        args.model,
+        args.host,
+        args.port,
+        max_batch_size=args.max_batch_size,
+        max_wait_ms=args.max_wait_ms,
+        max_queue=args.max_queue,
+        limits=_limits(args),
+    )
+    return 0
