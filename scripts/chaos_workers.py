@@ -21,8 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from temper.orchestrator.remote import RemoteRollouts
-
+from temper.backends.remote import RemoteBackend
 from temper.cli.main import main
 
 
@@ -50,7 +49,7 @@ def _chaos(
 ) -> None:
     rng = random.Random(seed)
     while not done.is_set():
-        live = RemoteRollouts.live()
+        live = RemoteBackend.live()
         if not live:
             time.sleep(0.1)
             continue

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from temper.config.doc import _models_of, render_config_doc, type_name, undocumented_keys
+from temper.config.doc import render_config_doc, section_models, type_name, undocumented_keys
 from temper.config.schema import Config
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
@@ -18,7 +18,7 @@ def test_every_key_has_a_row_with_its_default():
     text = render_config_doc()
     for section, field in Config.model_fields.items():
         assert f"## `{section}`" in text
-        for model in _models_of(field.annotation):  # each engine type has its section
+        for model in section_models(field.annotation):  # each engine type has its section
             for name, sub in model.model_fields.items():
                 row = f"| `{name}` | `{type_name(sub.annotation).replace('|', chr(92) + '|')}` |"
                 assert row in text

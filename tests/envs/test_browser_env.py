@@ -299,7 +299,7 @@ def test_screenshot_observation_is_a_png_content_part() -> None:
 
 _CHILD = """
 import asyncio, os, sys, time
-from temper.envs.registry import build_env_spec
+from temper.builder.tasks import build_env_spec
 from temper.envs.miniwob import make_task
 spec = build_env_spec("miniwob", {"pool_size": 2}, 0)
 async def go():
@@ -389,9 +389,11 @@ def test_no_chromium_outlives_its_run(how: str) -> None:
     ],
 )
 def test_eval_suite_scores_held_out_instances(reply: str, context: int, accuracy: float) -> None:
+    from temper.builder.model import load_run_model
+    from temper.builder.suites import build_suite
     from temper.config import config_from_dict
     from temper.eval.harness import evaluate
-    from temper.eval.suites import build_suite, check_suite
+    from temper.eval.suites import check_suite
 
     tokenizer = load_tokenizer("tiny")
     engine = ScriptedEngine(tokenizer, [reply], max_context=context)
@@ -399,7 +401,7 @@ def test_eval_suite_scores_held_out_instances(reply: str, context: int, accuracy
     cfg = config_from_dict(
         {"env": {"type": "miniwob", "options": options, "limits": {"max_turns": 2}}}
     )
-    suite = build_suite(cfg, check_suite("miniwob", None), engine, tokenizer)
+    suite = build_suite(cfg, check_suite("miniwob", None), engine, load_run_model(cfg))
     try:
         assert [t.category for t in suite.tasks] == ["focus-text"] * 3
         result = run(evaluate(suite.source, suite.tasks, k=1, max_new_tokens=32))

@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 
 from scripted_engine import ScriptedEngine
+from temper.builder.model import load_run_model
+from temper.builder.suites import build_suite
 from temper.cli.main import main
 from temper.config import config_from_dict
 from temper.envs.base import AssistantTurn
@@ -32,7 +34,7 @@ from temper.eval.bfcl import (
     unpack_wheel,
 )
 from temper.eval.harness import evaluate
-from temper.eval.suites import SuitePlan, build_suite
+from temper.eval.suites import SuitePlan
 from temper.models import load_tokenizer, resolve_model_path
 from temper.records import Task
 from temper.rewards.tool_call_ast import check_tool_calls
@@ -176,7 +178,7 @@ def _suite_eval(task: Task, reply: str, max_context: int, bfcl_dir: Path) -> dic
     tokenizer = load_tokenizer(str(resolve_model_path("tiny")))
     engine = ScriptedEngine(tokenizer, [reply], max_context=max_context)
     cfg = config_from_dict({})
-    suite = build_suite(cfg, SuitePlan("bfcl", bfcl_dir), engine, tokenizer)
+    suite = build_suite(cfg, SuitePlan("bfcl", bfcl_dir), engine, load_run_model(cfg))
     result = asyncio.run(evaluate(suite.source, [task], k=2, max_new_tokens=400))
     result["too_long"] = sorted(suite.source.too_long)
     return result

@@ -141,7 +141,7 @@ def test_text_only_endpoint_is_retokenized(tokenizer, monkeypatch):
 
 
 def test_config_and_training_refused(monkeypatch):
-    with pytest.raises(ConfigError, match=r"engine\.base_url is required"):
+    with pytest.raises(ConfigError, match=r"engine\.base_url: Field required"):
         config_from_dict({"engine": {"type": "openai"}})
     monkeypatch.delenv("TEMPER_NO_SUCH_KEY", raising=False)
     with pytest.raises(ConfigError, match="TEMPER_NO_SUCH_KEY"):

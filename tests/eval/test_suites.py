@@ -8,6 +8,8 @@ import json
 import pytest
 
 from scripted_engine import ScriptedEngine
+from temper.builder.model import load_run_model
+from temper.builder.suites import build_suite
 from temper.cli.main import main
 from temper.config import config_from_dict
 from temper.eval.harness import evaluate
@@ -15,7 +17,6 @@ from temper.eval.suites import (
     GSM8K_DEFAULT,
     ContextFitRollouts,
     SuitePlan,
-    build_suite,
     check_suite,
     repo_root,
 )
@@ -108,13 +109,13 @@ def test_humaneval_suite_scores_a_correct_solution_in_the_sandbox():
     tokenizer = load_tokenizer(str(resolve_model_path("tiny")))
     cfg = config_from_dict({})
     plan = check_suite("humaneval", None)
-    probe = build_suite(cfg, plan, ScriptedEngine(tokenizer, ["x"], 4096), tokenizer)
+    probe = build_suite(cfg, plan, ScriptedEngine(tokenizer, ["x"], 4096), load_run_model(cfg))
     task = probe.tasks[0]
     probe.close()
     assert len(probe.tasks) == 164 and task.category == "humaneval"
     for reply, expected in ((task.columns["reference"], 1.0), ("def nope(): pass", 0.0)):
         engine = ScriptedEngine(tokenizer, [f"```python\n{reply}\n```"], max_context=4096)
-        suite = build_suite(cfg, plan, engine, tokenizer)
+        suite = build_suite(cfg, plan, engine, load_run_model(cfg))
         try:
             result = asyncio.run(evaluate(suite.source, [task], k=1, max_new_tokens=1024))
         finally:

@@ -18,6 +18,7 @@ import asyncio
 import json
 from pathlib import Path
 
+from temper.builder.model import run_image_store
 from temper.config import load_config
 from temper.config.env import EpisodeLimits
 from temper.data.visual import render, to_task
@@ -28,7 +29,6 @@ from temper.records import Task
 from temper.rollout.multi_turn import run_episodes
 from temper.rollout.single_turn import PromptRenderer, rollout_groups
 from temper.vision.prompting import PromptImages
-from temper.vision.store import run_image_store
 
 
 def _two_pictures() -> Task:

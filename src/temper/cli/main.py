@@ -81,13 +81,15 @@ class _Parser(argparse.ArgumentParser):
 
 
 def override_keys() -> dict[str, list[str]]:
-    """Each config section and its keys, as dotted overrides name them."""
+    """Each config section and its keys, as dotted overrides name them (a section chosen
+    by ``type``, such as ``engine``: the keys of every type, ``type`` first)."""
+    from temper.config.doc import section_models
     from temper.config.schema import Config
 
     out: dict[str, list[str]] = {}
     for name, field in Config.model_fields.items():
-        section = field.annotation
-        out[name] = list(getattr(section, "model_fields", {}))
+        keys = [k for model in section_models(field.annotation) for k in model.model_fields]
+        out[name] = sorted(dict.fromkeys(keys), key=lambda k: k != "type")
     return out
 
 

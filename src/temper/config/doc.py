@@ -80,16 +80,16 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def _models_of(annotation: Any) -> list[type[BaseModel]]:
+def section_models(annotation: Any) -> list[type[BaseModel]]:
     """The section models of a field: its model, its list items' model, or each class
     of a union chosen by ``type`` (`temper.config.engine`, `temper.config.reward`)."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return [annotation]
     origin, args = get_origin(annotation), get_args(annotation)
     if origin is typing.Annotated:
-        return _models_of(args[0])
+        return section_models(args[0])
     if origin in (list, typing.Union, types.UnionType):
-        return [m for a in args for m in _models_of(a)]
+        return [m for a in args for m in section_models(a)]
     return []
 
 
@@ -114,7 +114,7 @@ def _section(
     # A union member's ``type`` first: it says which class the rest belongs to.
     fields = sorted(model.model_fields.items(), key=lambda item: item[0] != "type")
     for name, field in fields:
-        subs = _models_of(field.annotation)
+        subs = section_models(field.annotation)
         out.append(
             f"| `{name}` | `{_cell(type_name(field.annotation))}` | "
             f"`{_cell(default_text(field, instance, name))}` | {_cell(field.description or '')} |"
@@ -144,7 +144,7 @@ def render_config_doc() -> str:
     """The whole of docs/config.md."""
     out = [HEADER.rstrip("\n")]
     for name, field in Config.model_fields.items():
-        models = _models_of(field.annotation)
+        models = section_models(field.annotation)
         assert models, name
         default = field.get_default(call_default_factory=True)
         for model in models:
@@ -161,11 +161,11 @@ def undocumented_keys() -> list[str]:
         for name, field in model.model_fields.items():
             if not field.description:
                 missing.append(f"{prefix}{name}")
-            for sub in _models_of(field.annotation):
+            for sub in section_models(field.annotation):
                 walk(f"{prefix}{name}.", sub)
 
     for name, field in Config.model_fields.items():
-        models = _models_of(field.annotation)
+        models = section_models(field.annotation)
         assert models, name
         for model in models:
             walk(f"{name}.", model)
