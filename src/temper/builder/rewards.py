@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from temper.config import Config
 from temper.config.reward import (
     ExactComponent,
     FormatComponent,
@@ -19,6 +20,7 @@ from temper.config.reward import (
     ToolCallASTComponent,
 )
 from temper.http_client import api_key_from_env
+from temper.records import Task
 from temper.rewards.base import Reward
 from temper.rewards.combine import WeightedSum
 from temper.rewards.shaping import Detector, GatedReward, GibberishDetector, RepetitionDetector
@@ -107,3 +109,16 @@ def build_reward(cfg: RewardConfig, tokenizer: Any = None) -> Reward:
     if "gibberish" in cfg.filters:
         detectors.append(GibberishDetector(cfg.gibberish_threshold))
     return GatedReward(total, detectors) if detectors else total
+
+
+def check_reward_functions(cfg: Config, tasks: list[Task]) -> None:
+    """Call-check each ``type = "python"`` reward function's signature against the
+    columns of ``tasks``, at the start of a run, before any generation or eval."""
+    if cfg.env.enabled and not cfg.env.add_reward:
+        return  # the env scores its episodes: the reward section is not used
+    from temper.rewards.trl_adapter import TRLRewardFunction, load_reward_function
+
+    columns = {key for task in tasks for key in task.columns}
+    for c in cfg.reward.components:
+        if isinstance(c, PythonComponent):
+            TRLRewardFunction(load_reward_function(c.function)).check_signature(columns)

@@ -150,6 +150,15 @@ def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="temper", description="RL post-training for LMs.")
     p.add_argument("--version", action="version", version=_version())
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    _add_run_parsers(sub)
+    _add_run_dir_parsers(sub)
+    _add_server_parsers(sub)
+    _add_config_parser(sub)
+    return p
+
+
+def _add_run_parsers(sub: Any) -> None:
+    """train, eval, generate."""
     t = sub.add_parser(
         "train",
         help="run RL training (no CONFIG: the built-in default run)",
@@ -190,6 +199,10 @@ def _parser() -> argparse.ArgumentParser:
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--max-new-tokens", type=int, default=64, help="length limit of each")
     g.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+
+
+def _add_run_dir_parsers(sub: Any) -> None:
+    """report, inspect, compare, plan, replay: commands on a run directory."""
     r = sub.add_parser("report", help="(re)write report.html and plots for a run directory")
     r.add_argument("run_dir", help="a run directory (holds metrics.jsonl)")
     ins = sub.add_parser(
@@ -219,6 +232,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     rp.add_argument("trajectories", help="a trajectories/step_*.jsonl file of an env run")
     rp.add_argument("--index", type=int, default=None, help="only this line (0-based)")
+
+
+def _add_server_parsers(sub: Any) -> None:
+    """serve, serve-rm, dash."""
     sv = sub.add_parser("serve", help="serve a model over an OpenAI-compatible HTTP API")
     sv.add_argument("--model", default="tiny", help='model directory or "tiny"')
     sv.add_argument(
@@ -245,12 +262,10 @@ def _parser() -> argparse.ArgumentParser:
     rm.add_argument("--max-wait-ms", type=float, default=5.0, help="wait this long to fill a batch")
     rm.add_argument("--max-queue", type=int, default=1024, help="queued pairs before HTTP 503")
     _add_limit_flags(rm)
-    _add_config_parser(sub)
     d = sub.add_parser("dash", help="live web dashboard over the run directories in RUNS_DIR")
     d.add_argument("runs_dir", nargs="?", default="runs", help="folder of runs")
     d.add_argument("--host", default="127.0.0.1", help="address to listen on")
     d.add_argument("--port", type=int, default=8765, help="port to listen on")
-    return p
 
 
 def cmd_report(args: argparse.Namespace) -> int:

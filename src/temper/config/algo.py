@@ -117,10 +117,11 @@ class AlgoConfig(BaseModel):
     @model_validator(mode="after")
     def _gae_fields_need_gae(self) -> AlgoConfig:
         # Changed from its default, not merely set: a dumped config holds every field.
+        values = dict(self)
         gae_set = {
             name
             for name in ("gae_gamma", "gae_lambda", "gae_whiten")
-            if getattr(self, name) != type(self).model_fields[name].default
+            if values[name] != type(self).model_fields[name].default
         }
         if gae_set and self.advantage != "gae":
             raise ValueError(

@@ -158,8 +158,9 @@ class TrainerConfig(BaseModel):
                 f"trainer.pp = {self.tp * self.pp} (world_size counts every rank: "
                 "pp x dp_shard x tp)"
             )
-        for flag in ("sequence_parallel", "loss_parallel"):
-            if getattr(self, flag) and self.tp == 1:
+        for flag, on in (("sequence_parallel", self.sequence_parallel),
+                         ("loss_parallel", self.loss_parallel)):  # fmt: skip
+            if on and self.tp == 1:
                 raise ValueError(f"trainer.{flag} = true needs trainer.tp > 1")
         if self.pp > 1 and not self.packing:
             raise ValueError(

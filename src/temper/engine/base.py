@@ -85,9 +85,10 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.n < 1:
             raise ValueError(f"SamplingParams.n must be >= 1, got {self.n}")
+        values = vars(self)
         for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
-            if not math.isfinite(getattr(self, name)):
-                raise ValueError(f"SamplingParams.{name} must be finite, got {getattr(self, name)}")
+            if not math.isfinite(values[name]):
+                raise ValueError(f"SamplingParams.{name} must be finite, got {values[name]}")
         if self.top_logprobs < 0:
             raise ValueError(f"SamplingParams.top_logprobs must be >= 0, got {self.top_logprobs}")
         if self.temperature < 0:

@@ -73,11 +73,9 @@ class HealthMonitor:
 
     def __init__(self, cfg: HealthConfig) -> None:
         self.cfg = cfg
+        self.checks = {k: c for k, c in dict(cfg).items() if isinstance(c, HealthCheck)}
         #: Some per-step check may undo an update: the orchestrator snapshots before each.
-        self.may_skip = any(
-            isinstance(c, HealthCheck) and c.enabled and c.action == "skip"
-            for c in (getattr(cfg, name) for name in type(cfg).model_fields)
-        )
+        self.may_skip = any(c.enabled and c.action == "skip" for c in self.checks.values())
         self._lengths: list[float] = []
         self._throughput: deque[float] = deque(maxlen=cfg.window)
         self._throughput_low = False  # an alert fired and the rate has not recovered
@@ -89,7 +87,7 @@ class HealthMonitor:
         self._no_update_streak = 0
 
     def _fire(self, out: list[Alert], step: int, kind: str, value: float, message: str) -> None:
-        check: HealthCheck = getattr(self.cfg, kind)
+        check = self.checks[kind]
         if check.enabled:
             out.append(Alert(step, kind, message, check.action, value))
 

@@ -24,6 +24,7 @@ from temper import compute
 from temper.backends.base import RolloutBackend
 from temper.builder.backends import build_backend
 from temper.builder.model import load_run_model
+from temper.builder.rewards import check_reward_functions
 from temper.builder.sinks import build_sinks
 from temper.builder.tasks import RunTasks, build_run_tasks, build_sft_rows
 from temper.builder.trainer import build_trainer
@@ -54,7 +55,6 @@ from temper.orchestrator.run_guard import (
     RunGuard,
     check_can_learn,
     check_log_config,
-    check_reward_functions,
 )
 from temper.orchestrator.self_improve import RFTRounds, SFTSteps
 from temper.orchestrator.stage_model import format_plan

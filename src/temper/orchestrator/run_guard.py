@@ -3,8 +3,6 @@
 - `check_can_learn`: refuse at start a config that cannot produce a single
   update (a group-baseline advantage with groups of one), or an advantage
   estimator turn-level credit has no per-turn form of.
-- `check_reward_functions`: call-check every TRL-style reward function's
-  signature against the dataset's columns at start, before any eval.
 - `RewardErrorReport`: print each kind of reward error once, with its sample,
   and count them all.
 - `InterruptFlag`: the first Ctrl-C asks the run to stop after the current
@@ -31,7 +29,7 @@ from temper.monitor.health import Alert, HealthMonitor
 from temper.monitor.progress import RunProgress
 from temper.monitor.sinks import JsonlSink
 from temper.orchestrator.run_dir import RunDir
-from temper.records import Task, Trajectory
+from temper.records import Trajectory
 from temper.rewards.base import TRAINER_STATE
 
 
@@ -62,18 +60,6 @@ def check_can_learn(cfg: Config) -> None:
             f"algo.credit = 'turn' has no per-turn form of algo.advantage = "
             f"{cfg.algo.advantage!r}; use one of {', '.join(TURN_ESTIMATORS)}"
         )
-
-
-def check_reward_functions(cfg: Config, tasks: list[Task]) -> None:
-    """Check each ``type = "python"`` reward function's signature against ``tasks``' columns."""
-    from temper.rewards.trl_adapter import TRLRewardFunction, load_reward_function
-
-    if cfg.env.enabled and not cfg.env.add_reward:
-        return
-    columns = {key for task in tasks for key in task.columns}
-    for comp in cfg.reward.components:
-        if comp.type == "python" and comp.function:
-            TRLRewardFunction(load_reward_function(comp.function)).check_signature(columns)
 
 
 def error_kind(error: str) -> str:

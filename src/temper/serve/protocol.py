@@ -122,12 +122,13 @@ MAX_TOP_LOGPROBS = 20
 def _refuse_unsupported(req: _Request) -> None:
     if req.logit_bias:
         raise APIError("logit_bias is not supported by this server", param="logit_bias")
+    values = dict(req)
     for name in ("temperature", "top_p", "presence_penalty", "frequency_penalty"):
-        value = getattr(req, name)
+        value = values[name]
         if value is not None and not math.isfinite(value):
             raise APIError(f"{name} must be a finite number, got {value}", param=name)
     for name in ("presence_penalty", "frequency_penalty"):
-        value = getattr(req, name)
+        value = values[name]
         if value is not None and not -2 <= value <= 2:
             raise APIError(f"{name} must be in [-2, 2], got {value}", param=name)
 

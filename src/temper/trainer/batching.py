@@ -77,11 +77,7 @@ def plan_micro_batches(
 
 def tensor_fields_to(batch: Any, device: torch.device) -> dict[str, object]:
     """The dataclass ``batch``'s tensor fields moved to ``device``, by field name."""
-    return {
-        f.name: getattr(batch, f.name).to(device)
-        for f in dataclasses.fields(batch)
-        if isinstance(getattr(batch, f.name), torch.Tensor)
-    }
+    return {k: v.to(device) for k, v in vars(batch).items() if isinstance(v, torch.Tensor)}
 
 
 @dataclass
@@ -123,8 +119,9 @@ class MicroBatch:
         if device.type == "cpu":
             return self
         moved = tensor_fields_to(self, device)
-        for name in ("prompt_pixels", "response_pixels"):
-            moved[name] = {k: v.to(device) for k, v in getattr(self, name).items()}
+        for name, pixels in (("prompt_pixels", self.prompt_pixels),
+                             ("response_pixels", self.response_pixels)):  # fmt: skip
+            moved[name] = {k: v.to(device) for k, v in pixels.items()}
         return dataclasses.replace(self, **moved)
 
 
