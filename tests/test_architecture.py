@@ -60,3 +60,15 @@ def test_getattr_and_hasattr_only_on_objects_temper_does_not_define():
 
 def test_modules_and_functions_fit_the_house_rules():
     assert house.oversized() == []
+
+
+def test_the_map_shows_the_floors_the_code_keeps():
+    """docs/architecture.md's floor table is the one checked here."""
+    doc = (house.SRC.parent / "docs" / "architecture.md").read_text()
+    section = doc.split("## Floors")[1].split("\n## ")[0]
+    table = next(block for block in section.split("\n\n") if block.startswith("| floor"))
+    shown = {}
+    for row in table.splitlines()[2:]:
+        floor, parts = (cell.strip() for cell in row.strip("|").split("|"))
+        shown |= {part.strip("` "): int(floor) for part in parts.split(",")}
+    assert shown == house.FLOORS

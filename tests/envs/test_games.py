@@ -9,12 +9,10 @@ from typing import Any
 
 import pytest
 
+from scripted_engine import RecordingProxy, ScriptedEngine, check_token_io
 from temper.builder.tasks import build_env_spec
 from temper.engine.base import (
     Engine,
-    EngineDefaults,
-    GenerationResult,
-    SampleOutput,
     SamplingParams,
 )
 from temper.engine.native import NativeEngine
@@ -32,7 +30,6 @@ from temper.errors import ConfigError
 from temper.models.loader import load_model, load_tokenizer
 from temper.records import Task
 from temper.rollout.multi_turn import run_episodes
-from temper.weights.transport import WeightTransport
 
 
 def run(coro: Any) -> Any:
@@ -274,51 +271,12 @@ def test_options_reach_the_env_and_tasks() -> None:
 # ----------------------------------------------------------------------------- episodes
 
 
-class ScriptedEngine(EngineDefaults):
-    """A real `Engine` whose k-th turn in a conversation is `replies[k]`, tokenized and
-    ended with the template's stop id (<|im_end|>). Records each (prompt, sample)."""
-
-    def __init__(self, tokenizer: Any, replies: Sequence[str], max_context: int = 1024) -> None:
-        self.tokenizer, self.replies = tokenizer, list(replies)
-        self.max_context, self.version = max_context, 3
-        self.calls: list[tuple[list[int], SampleOutput]] = []
-
-    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> Any:
-        turn = self.tokenizer.decode(list(prompt_token_ids)).count("<|im_start|>assistant") - 1
-        text = self.replies[min(turn, len(self.replies) - 1)]
-        ids = [*self.tokenizer(text, add_special_tokens=False)["input_ids"]]
-        ids.append(self.tokenizer.eos_token_id)
-        sample = SampleOutput(ids, [-0.5] * len(ids), "stop", [self.version] * len(ids), ids[-1])
-        self.calls.append((list(prompt_token_ids), sample))
-        return GenerationResult(list(prompt_token_ids), [sample])
-
-    def load_weights(self, transport: WeightTransport, version: int) -> None:
-        transport.receive(version)
-        self.version = version
-
-    async def close(self) -> None:
-        return None
-
-
-def check_tokens(traj: Any, calls: list[tuple[list[int], SampleOutput]]) -> None:
-    """Each turn's engine input is the trajectory so far; loss-masked ids = sampled ids."""
-    ids = traj.prompt_ids + traj.response_ids
-    p = len(traj.prompt_ids)
-    assert len(calls) == traj.num_turns == len(traj.turn_spans)
-    for (prompt, sample), (start, end) in zip(calls, traj.turn_spans, strict=True):
-        assert prompt == ids[: p + start]
-        assert traj.response_ids[start:end] == sample.token_ids
-        assert traj.loss_mask[start:end] == [1] * (end - start)
-    masked = [t for t, m in zip(traj.response_ids, traj.loss_mask, strict=True) if m]
-    assert masked == [t for _, s in calls for t in s.token_ids]
-
-
 def test_scripted_engine_plays_guess_number_to_success() -> None:
     tokenizer = load_tokenizer("tiny")
     spec = build_env_spec("guess_number", {}, seed=0)
     task = GuessNumberTasks().task(37)
     replies = ["I will start in the middle: 50", "no idea", "\\boxed{25}", "It is \\boxed{37}"]
-    engine = ScriptedEngine(tokenizer, replies)
+    engine = ScriptedEngine(tokenizer, replies, max_context=1024)
     assert isinstance(engine, Engine)
     params = SamplingParams(temperature=0.0, max_new_tokens=64)
     (group,) = run(
@@ -331,7 +289,7 @@ def test_scripted_engine_plays_guess_number_to_success() -> None:
     expected = [0.2 * 51 / 99, -0.1, 0.2 * 25 / 99, 1.0 + 0.2 * 23 / 99]  # as in the unit test
     assert traj.turn_rewards == pytest.approx(expected)
     assert traj.reward == pytest.approx(1.0 + 0.2 - 0.1)
-    check_tokens(traj, engine.calls)
+    check_token_io(traj, engine.calls)
     # Observations reach the model: the transcript holds the env's answers in order.
     contents = [m["content"] for m in traj.messages if m["role"] == "user"]
     assert contents[1].startswith(("lower", "higher")) and contents[2].startswith("error:")
@@ -340,7 +298,7 @@ def test_scripted_engine_plays_guess_number_to_success() -> None:
 def test_scripted_engine_plays_wordle_to_success() -> None:
     tokenizer = load_tokenizer("tiny")
     task = WordleTasks().task("crane")
-    engine = ScriptedEngine(tokenizer, ["brain", "\\boxed{crane}"])
+    engine = ScriptedEngine(tokenizer, ["brain", "\\boxed{crane}"], max_context=1024)
     params = SamplingParams(temperature=0.0, max_new_tokens=32)
     spec = build_env_spec("wordle", {}, seed=0)
     (group,) = run(run_episodes(engine, spec.make_env, [task], tokenizer, params, group_size=2))
@@ -348,22 +306,14 @@ def test_scripted_engine_plays_wordle_to_success() -> None:
         assert traj.finish_reason == "done" and traj.env_info["success"] is True
         assert traj.turn_rewards == pytest.approx([2 / 5, 1.0 + 3 / 5])
     # Both episodes are identical, so the calls sorted by prompt length are t0, t0, t1, t1.
-    check_tokens(group[0], sorted(engine.calls, key=lambda c: len(c[0]))[::2])
+    check_token_io(group[0], sorted(engine.calls, key=lambda c: len(c[0]))[::2])
 
 
 def test_tiny_model_episode_is_well_formed_and_token_exact() -> None:
     """The real engine plays badly; the trajectory must still be exact and complete."""
     tokenizer = load_tokenizer("tiny")
     native = NativeEngine(load_model("tiny"), tokenizer, max_slots=4, seed=0)
-    calls: list[tuple[list[int], SampleOutput]] = []
-
-    class Recording:
-        version, max_context = native.version, native.max_context
-
-        async def generate(self, prompt: Sequence[int], params: SamplingParams) -> Any:
-            result = await native.generate(prompt, params)
-            calls.append((list(prompt), result.samples[0]))
-            return result
+    recording = RecordingProxy(native)
 
     spec = build_env_spec("guess_number", {"range": [1, 20], "max_guesses": 3}, seed=0)
     task = spec.train.sample(1)[0]
@@ -373,7 +323,7 @@ def test_tiny_model_episode_is_well_formed_and_token_exact() -> None:
     async def go() -> Any:
         try:
             return await run_episodes(
-                Recording(),
+                recording,
                 spec.make_env,
                 [task],
                 tokenizer,
@@ -385,7 +335,7 @@ def test_tiny_model_episode_is_well_formed_and_token_exact() -> None:
             await native.close()
 
     ((traj,),) = run(go())
-    check_tokens(traj, calls)
+    check_token_io(traj, recording.calls)
     assert traj.finish_reason in ("done", "max_turns") and traj.env_error is None
     assert len(traj.turn_rewards) == traj.num_turns >= 1
     assert isinstance(traj.env_info["success"], bool)

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
+from scripted_engine import ScriptedEngine
 from temper.engine.base import SamplingParams
 from temper.envs import AssistantTurn, ToolEnv, execute_tool_calls, parse_tool_calls
 from temper.models import load_tokenizer
@@ -17,7 +18,6 @@ from temper.records import Task
 from temper.rewards.base import RewardInput
 from temper.rewards.tool_call_ast import ToolCallASTReward, check_tool_calls, extract_tool_calls
 from temper.rollout.multi_turn import run_episodes
-from temper.serve.testing import RecordingEngine
 
 DEEP = "[" * 1000
 HUGE_INT = "9" * 5000
@@ -85,7 +85,7 @@ def test_a_rollout_group_survives_hostile_tool_calls() -> None:
     def reply(prompt: str, index: int) -> str:
         return "done" if "error:" in prompt else next(first_turns)
 
-    engine = RecordingEngine(tokenizer, [reply], max_context=1 << 16)
+    engine = ScriptedEngine(tokenizer, [reply], max_context=1 << 16, by="call")
     tokenizer.model_max_length = 1 << 20
     task = Task(id="t", prompt=[{"role": "user", "content": "add 2 and 3"}])
     params = SamplingParams(temperature=0.0, max_new_tokens=8000)

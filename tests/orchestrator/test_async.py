@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from quick_run import QUIET
 from temper.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -19,12 +20,8 @@ ASYNC = [
     "--orchestrator.max_response_tokens=32",
     "--env.options.categories=['calc', 'lookup']",
     "--env.options.tool_latency_ms=[20, 200]",
-    "--eval.at_start=false",
-    "--eval.at_end=false",
-    "--eval.every=0",
-    "--log.progress=false",
     "--log.trajectories_per_step=6",
-    "--checkpoint.at_end=false",
+    *QUIET,
 ]
 
 

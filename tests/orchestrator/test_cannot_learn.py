@@ -10,24 +10,19 @@ from pathlib import Path
 
 import pytest
 
-from temper.cli.main import main
+from quick_run import exit_code
 
 SHORT = [
     "--orchestrator.steps=2",
     "--orchestrator.prompts_per_step=2",
     "--orchestrator.group_size=4",
     "--orchestrator.max_response_tokens=16",
-    "--eval.at_start=false",
-    "--eval.every=0",
-    "--eval.at_end=false",
-    "--log.progress=false",
     "--log.trajectories_per_step=0",
-    "--checkpoint.at_end=false",
 ]
 
 
 def _train(tmp_path: Path, name: str, *extra: str) -> int:
-    return main(["train", f"--run.output_dir={tmp_path}", f"--run.name={name}", *SHORT, *extra])
+    return exit_code(tmp_path, name, *SHORT, *extra)
 
 
 def _reward_file(tmp_path: Path, body: str) -> str:

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from tests.orchestrator.kill_resume import full_then_killed_and_resumed, step_metrics
 
+from quick_run import QUIET
 from temper.cli.main import main
 
 pytestmark = pytest.mark.slow
@@ -18,12 +19,8 @@ BASE = [
     "--orchestrator.prompts_per_step=4",
     "--orchestrator.group_size=2",
     "--orchestrator.max_response_tokens=16",
-    "--eval.every=0",
-    "--eval.at_start=false",
-    "--eval.at_end=false",
-    "--log.progress=false",
-    "--checkpoint.at_end=false",
     "--trainer.warmup_steps=0",
+    *QUIET,
 ]
 CRITIC_KEYS = ("value_loss", "value_mean", "return_mean", "explained_variance", "critic_lr")
 

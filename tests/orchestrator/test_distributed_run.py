@@ -1,42 +1,33 @@
 """A short tiny run with trainer.world_size=2 (FSDP2 ranks, gloo) matches world_size=1."""
 
-import json
 from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from temper.cli.main import main
+from quick_run import metrics, train
 
 COMMON = [
     "--orchestrator.steps=2",
     "--orchestrator.prompts_per_step=2",
     "--orchestrator.group_size=4",
     "--orchestrator.drop_zero_variance_groups=false",
-    "--eval.at_start=false",
-    "--eval.at_end=false",
-    "--eval.every=0",
-    "--log.progress=false",
     "--trainer.lr=2e-5",
     "--trainer.warmup_steps=0",
+    "--checkpoint.at_end=true",
 ]
 
 
 def _run(root: Path, name: str, *extra: str) -> Path:
-    assert main(["train", f"--run.output_dir={root}", f"--run.name={name}", *COMMON, *extra]) == 0
-    return root / name
-
-
-def _metrics(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return train(root, name, *COMMON, *extra)
 
 
 @pytest.mark.slow
 def test_world_size_two_run_matches_world_size_one(tmp_path):
     one = _run(tmp_path, "one")
     two = _run(tmp_path, "two", "--trainer.world_size=2")
-    m1, m2 = _metrics(one), _metrics(two)
+    m1, m2 = metrics(one), metrics(two)
     assert [m["step"] for m in m2] == [1, 2]
     # Step 1 samples from the same shipped weights: same batch, same update.
     for key in ("reward_mean", "tokens_generated", "train_tokens"):

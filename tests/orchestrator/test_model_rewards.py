@@ -7,22 +7,20 @@ from pathlib import Path
 
 import pytest
 
+from quick_run import QUIET
+from scripted_engine import ScriptedEngine
 from temper.cli.main import main
 from temper.config import config_from_dict
 from temper.errors import ConfigError
 from temper.models import load_tokenizer
 from temper.serve import start_server
-from temper.serve.testing import RecordingEngine
 
 COMMON = [
     "--orchestrator.steps=2",
     "--orchestrator.prompts_per_step=2",
     "--orchestrator.group_size=4",
     "--orchestrator.drop_zero_variance_groups=false",
-    "--eval.at_start=false",
-    "--eval.at_end=false",
-    "--eval.every=0",
-    "--log.progress=false",
+    *QUIET,
 ]
 
 
@@ -49,7 +47,7 @@ def test_a_run_scored_by_the_in_process_reward_model(tmp_path):
 def test_a_run_scored_by_an_llm_judge_behind_temper_serve(tmp_path):
     tok = load_tokenizer("tiny")
     # The judge gives 9 to answers with a \boxed{} and 2 to the rest.
-    engine = RecordingEngine(
+    engine = ScriptedEngine(
         tok,
         [
             lambda prompt, i: (
@@ -57,6 +55,7 @@ def test_a_run_scored_by_an_llm_judge_behind_temper_serve(tmp_path):
             )
         ],
         max_context=100_000,
+        by="call",
     )
     handle = start_server(engine, tok, model_name="judge")
     try:

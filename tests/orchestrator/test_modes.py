@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from quick_run import train
 from temper.cli.main import main
 from temper.models import resolve_model_path
 
@@ -14,18 +15,14 @@ COMMON = [
     "--orchestrator.prompts_per_step=2",
     "--orchestrator.group_size=4",
     "--orchestrator.drop_zero_variance_groups=false",
-    "--eval.at_start=false",
-    "--eval.at_end=false",
-    "--eval.every=0",
-    "--log.progress=false",
     "--log.trajectories_per_step=8",
     "--trainer.lr=1e-3",
+    "--checkpoint.at_end=true",  # the weights are compared
 ]
 
 
 def _run(root: Path, name: str, *extra: str) -> Path:
-    assert main(["train", f"--run.output_dir={root}", f"--run.name={name}", *COMMON, *extra]) == 0
-    return root / name
+    return train(root, name, *COMMON, *extra)
 
 
 def _weights(run: Path) -> dict:

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from quick_run import QUIET
 from temper.cli.main import main
 from temper.config import load_config
 from temper.models import resolve_model_path
@@ -18,13 +19,11 @@ SHORT = [
     "--orchestrator.group_size=4",
     "--orchestrator.max_response_tokens=16",
     "--orchestrator.drop_zero_variance_groups=false",
-    "--eval.at_start=false",
-    "--eval.every=0",
-    "--eval.at_end=false",
-    "--log.progress=false",
     "--log.trajectories_per_step=0",
     "--trainer.lr=1e-3",
     "--trainer.warmup_steps=0",
+    *QUIET,
+    "--checkpoint.at_end=true",  # the final weights are compared
 ]
 
 RUNS = {

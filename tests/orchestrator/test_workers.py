@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from quick_run import QUIET, train
+from quick_run import metrics as read_metrics
 from temper.backends.remote import RemoteBackend
 from temper.cli.main import main
 from temper.config import load_config
@@ -34,26 +36,17 @@ COMMON = [
     f"--orchestrator.group_size={GROUP}",
     "--orchestrator.max_response_tokens=16",
     "--orchestrator.drop_zero_variance_groups=false",
-    "--eval.at_start=false",
-    "--eval.at_end=false",
-    "--eval.every=0",
-    "--log.progress=false",
     f"--log.trajectories_per_step={PROMPTS * GROUP}",
-    "--checkpoint.at_end=false",
     "--trainer.lr=1e-3",
     "--run.seed=5",
     "--run.threads=1",  # 2 shared cores: one torch thread per process is fastest
+    *QUIET,
 ]
 PROCESS = ["--orchestrator.backend=process", "--orchestrator.rollout_workers=2"]
 
 
 def _run(root: Path, name: str, *extra: str) -> Path:
-    assert main(["train", f"--run.output_dir={root}", f"--run.name={name}", *COMMON, *extra]) == 0
-    return root / name
-
-
-def _metrics(run: Path) -> list[dict]:
-    return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    return train(root, name, *COMMON, *extra)
 
 
 def _trajectories(run: Path, step: int) -> list[dict]:
@@ -112,7 +105,7 @@ def local_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.slow
 def test_process_backend_trains_like_local(tmp_path, local_run):
     run = _run(tmp_path, "process", *PROCESS, *EVAL)
-    local, remote = _metrics(local_run), _metrics(run)
+    local, remote = read_metrics(local_run), read_metrics(run)
     evals = [
         json.loads((r / "eval" / f"step_{STEPS:06d}.json").read_text()) for r in (local_run, run)
     ]
@@ -159,12 +152,12 @@ def test_killed_and_stopped_workers_are_replaced_and_nothing_is_lost(tmp_path, l
                 os.kill(int(faults[key]), signal.SIGKILL)
     assert {"killed", "stopped", "detected_after_s"} <= faults.keys(), faults
     assert 2 <= faults["detected_after_s"] < 3 + 5  # the last beat may predate the stop
-    last = _metrics(run)[-1]
+    last = read_metrics(run)[-1]
     print("chaos:", faults, {k: v for k, v in last.items() if k.startswith("workers/")})
     assert last["workers/restarts_total"] >= 2
     assert last["workers/hung_total"] >= 1
     assert last["workers/retries_total"] >= 2  # both victims had a request in flight
-    assert [m["groups_kept"] for m in _metrics(run)] == [PROMPTS] * STEPS
+    assert [m["groups_kept"] for m in read_metrics(run)] == [PROMPTS] * STEPS
     _assert_same_training_data(run, local_run)  # nothing lost, duplicated or resampled
     assert not any(_alive(pid) for pid in _worker_pids(run))
 
@@ -205,7 +198,7 @@ def test_out_of_retries_fails_the_run_with_one_line(tmp_path, capsys):
 @pytest.mark.slow
 def test_async_rollouts_run_on_worker_processes(tmp_path):
     run = _run(tmp_path, "async", *PROCESS, "--orchestrator.max_staleness=1")
-    metrics = _metrics(run)
+    metrics = read_metrics(run)
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
     for m in metrics:
         assert m["policy_version"] == m["step"] and m["groups_kept"] == PROMPTS
@@ -246,9 +239,9 @@ def test_sigkilled_trainer_resumes_and_its_workers_exit(tmp_path, local_run):
 
     resumed = subprocess.run([*cmd, "--run.resume=true"], env=env, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    metrics = _metrics(run)
+    metrics = read_metrics(run)
     assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
-    for a, b in zip(_metrics(local_run), metrics, strict=True):
+    for a, b in zip(read_metrics(local_run), metrics, strict=True):
         assert b["reward_mean"] == pytest.approx(a["reward_mean"], abs=1e-9)
     for step in range(1, STEPS + 1):
         assert len(_trajectories(run, step)) == PROMPTS * GROUP  # whole JSONL lines

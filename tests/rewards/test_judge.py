@@ -14,13 +14,13 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
+from scripted_engine import ScriptedEngine
 from temper.engine.native import NativeEngine
 from temper.models import load_model, load_tokenizer
 from temper.records import Task
 from temper.rewards.base import Reward, RewardInput
 from temper.rewards.judge import JudgeError, JudgeReward, fence, parse_score, parse_winner
 from temper.serve import serve_app_in_thread, start_server
-from temper.serve.testing import RecordingEngine
 
 QUESTION = Task(id="q1", prompt="What is 2+2?", answer="4")
 
@@ -32,7 +32,7 @@ def tokenizer():
 
 @contextmanager
 def judge_server(tokenizer, replies):
-    engine = RecordingEngine(tokenizer, replies, max_context=100_000)
+    engine = ScriptedEngine(tokenizer, replies, max_context=100_000, by="call")
     handle = start_server(engine, tokenizer, model_name="judge")
     try:
         yield engine, handle.base_url

@@ -14,21 +14,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
 import torch
 
-from scripted_engine import ScriptedEngine
-from temper.engine.base import Engine, EngineDefaults, SampleOutput, SamplingParams
+from scripted_engine import RecordingProxy, ScriptedEngine, check_token_io
+from temper.engine.base import Engine, SamplingParams
 from temper.engine.native import NativeEngine
 from temper.envs import AssistantTurn, EpisodeLimits, StepResult, ToolEnv
 from temper.errors import PromptTooLongError
 from temper.models.loader import load_model, load_tokenizer
 from temper.records import Task, Trajectory
 from temper.rollout.multi_turn import episode_stats, run_episode, run_episodes
-from temper.weights.transport import WeightTransport
 
 QWEN_STYLE_TEMPLATE = (
     "{%- set default_system = 'You are a helpful assistant.' %}"
@@ -91,51 +89,6 @@ def run(coro: Any) -> Any:
 
 
 # ----------------------------------------------------------------------------- engines
-
-
-class RecordingEngine(EngineDefaults):
-    """Proxy that records every (prompt ids, params, sample) an engine handles."""
-
-    def __init__(self, inner: Any) -> None:
-        self.inner = inner
-        self.calls: list[tuple[list[int], SamplingParams, SampleOutput]] = []
-
-    @property
-    def version(self) -> int:
-        return self.inner.version
-
-    @property
-    def max_context(self) -> int:
-        return self.inner.max_context
-
-    async def generate(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> Any:
-        result = await self.inner.generate(prompt_token_ids, params)
-        assert len(result.samples) == 1
-        self.calls.append((list(prompt_token_ids), params, result.samples[0]))
-        return result
-
-    def load_weights(self, transport: WeightTransport, version: int) -> None:
-        self.inner.load_weights(transport, version)
-
-    async def close(self) -> None:
-        await self.inner.close()
-
-
-def check_token_io(traj: Trajectory, calls: list[tuple[list[int], Any, SampleOutput]]) -> None:
-    """The trajectory is exactly what the engine was given and what it sampled."""
-    ids = traj.prompt_ids + traj.response_ids
-    p = len(traj.prompt_ids)
-    assert len(calls) == traj.num_turns == len(traj.turn_spans) > 0
-    for (prompt, _, sample), (start, end) in zip(calls, traj.turn_spans, strict=True):
-        assert prompt == ids[: p + start]  # the engine's input is the trajectory so far
-        assert traj.response_ids[start:end] == sample.token_ids
-        assert traj.behaviour_logprobs[start:end] == sample.logprobs
-        assert traj.versions[start:end] == sample.policy_versions
-        assert traj.loss_mask[start:end] == [1] * (end - start)
-    masked = [t for t, m in zip(traj.response_ids, traj.loss_mask, strict=True) if m]
-    assert masked == [t for _, _, s in calls for t in s.token_ids]
-    for m, lp, v in zip(traj.loss_mask, traj.behaviour_logprobs, traj.versions, strict=True):
-        assert m == 1 or (lp == 0.0 and v == -1)
 
 
 def template_ids(tokenizer: Any, traj: Trajectory, tools: list[dict] | None) -> list[int]:
@@ -234,7 +187,7 @@ def test_tool_episode_is_token_exact(template: str) -> None:
         + call("add", a=1),
         "So the answer is \\boxed{5}",
     ]
-    engine = RecordingEngine(ScriptedEngine(tokenizer, replies, max_context=4096))
+    engine = ScriptedEngine(tokenizer, replies, max_context=4096)
     env = CalcEnv()
     traj = run(run_episode(engine, env, TASK, tokenizer, GREEDY, seed=3))
     check_token_io(traj, engine.calls)
@@ -278,7 +231,7 @@ def test_turn_not_ended_by_end_of_turn_token_is_closed(template: str) -> None:
     template's end-of-turn token appended with loss mask 0, then the separator."""
     tokenizer = make_tokenizer(template)
     replies = [("first", ENDOFTEXT_ID), "a reply that is far too long to fit", "done"]
-    engine = RecordingEngine(ScriptedEngine(tokenizer, replies))
+    engine = ScriptedEngine(tokenizer, replies)
     limits = EpisodeLimits(max_turns=3, continue_after_length=True)
     params = SamplingParams(temperature=0.0, max_new_tokens=5)
     traj = run(run_episode(engine, EchoEnv(turns=3), TASK, tokenizer, params, limits))
@@ -299,7 +252,7 @@ def test_stop_string_turns_keep_their_text_and_are_closed() -> None:
     keeps the stop string (so the call parses) and the loop closes the turn."""
     tokenizer = make_tokenizer("tiny")
     replies = [(call("add", a=2, b=3), "</tool_call>"), "\\boxed{5}"]
-    engine = RecordingEngine(ScriptedEngine(tokenizer, replies, max_context=4096))
+    engine = ScriptedEngine(tokenizer, replies, max_context=4096)
     params = SamplingParams(temperature=0.0, max_new_tokens=160, stop_strings=("</tool_call>",))
     traj = run(run_episode(engine, CalcEnv(), TASK, tokenizer, params))
     check_token_io(traj, engine.calls)
@@ -313,7 +266,7 @@ def test_stop_string_turns_keep_their_text_and_are_closed() -> None:
 
 def test_length_ends_episode_by_default() -> None:
     tokenizer = make_tokenizer("tiny")
-    engine = RecordingEngine(ScriptedEngine(tokenizer, ["a reply that is far too long"]))
+    engine = ScriptedEngine(tokenizer, ["a reply that is far too long"])
     params = SamplingParams(temperature=0.0, max_new_tokens=4)
     env = EchoEnv()
     traj = run(run_episode(engine, env, TASK, tokenizer, params))
@@ -325,7 +278,7 @@ def test_length_ends_episode_by_default() -> None:
 
 def test_max_turns() -> None:
     tokenizer = make_tokenizer("tiny")
-    engine = RecordingEngine(ScriptedEngine(tokenizer, ["again"]))
+    engine = ScriptedEngine(tokenizer, ["again"])
     limits = EpisodeLimits(max_turns=4)
     traj = run(
         run_episode(engine, EchoEnv(turns=100, role="tool"), TASK, tokenizer, GREEDY, limits)
@@ -341,7 +294,7 @@ def test_generated_token_budget_clips_the_last_turn() -> None:
     tokenizer = make_tokenizer("tiny")
     reply = "twelve tokens or so here"
     n = len(tokenizer.encode(reply)) + 1
-    engine = RecordingEngine(ScriptedEngine(tokenizer, [reply]))
+    engine = ScriptedEngine(tokenizer, [reply])
     limits = EpisodeLimits(max_turns=10, max_generated_tokens=2 * n + 3)
     traj = run(run_episode(engine, EchoEnv(turns=10), TASK, tokenizer, GREEDY, limits))
     check_token_io(traj, engine.calls)
@@ -352,7 +305,7 @@ def test_generated_token_budget_clips_the_last_turn() -> None:
 
 def test_total_token_budget() -> None:
     tokenizer = make_tokenizer("tiny")
-    engine = RecordingEngine(ScriptedEngine(tokenizer, ["ok"]))
+    engine = ScriptedEngine(tokenizer, ["ok"])
     prompt_len = len(tokenizer.apply_chat_template(TASK.messages(), add_generation_prompt=True))
     # Room for two turns and one observation, not for the second observation.
     limits = EpisodeLimits(max_turns=10, max_total_tokens=prompt_len + 40)
@@ -372,19 +325,19 @@ def test_timeout_during_env_step_and_during_generation() -> None:
     limits = EpisodeLimits(timeout_s=0.3, max_turns=50)
     env = EchoEnv(turns=50)
     env.delay_s = 0.12
-    engine = RecordingEngine(ScriptedEngine(tokenizer, ["hm"]))
+    engine = ScriptedEngine(tokenizer, ["hm"])
     traj = run(run_episode(engine, env, TASK, tokenizer, GREEDY, limits))
     assert traj.finish_reason == "timeout"
     assert 1 <= traj.num_turns <= 3
     check_token_io(traj, engine.calls)
-    slow = RecordingEngine(ScriptedEngine(tokenizer, ["hm"], delay_s=10.0))
+    slow = ScriptedEngine(tokenizer, ["hm"], delay_s=10.0)
     traj = run(run_episode(slow, EchoEnv(), TASK, tokenizer, GREEDY, limits))
     assert traj.finish_reason == "timeout" and traj.num_turns == 0 and traj.response_ids == []
 
 
 def test_env_errors_are_recorded_not_raised() -> None:
     tokenizer = make_tokenizer("tiny")
-    engine = RecordingEngine(ScriptedEngine(tokenizer, ["x"]))
+    engine = ScriptedEngine(tokenizer, ["x"])
     traj = run(run_episode(engine, EchoEnv(turns=5, fail_at=2), TASK, tokenizer, GREEDY))
     check_token_io(traj, engine.calls)
     assert traj.finish_reason == "env_error" and traj.num_turns == 2
@@ -401,7 +354,7 @@ def test_env_errors_are_recorded_not_raised() -> None:
 
 def test_run_episodes_groups_seeds_closing_and_stats() -> None:
     tokenizer = make_tokenizer("qwen_style")
-    engine = RecordingEngine(ScriptedEngine(tokenizer, [call("add", a=2, b=3), "\\boxed{5}"]))
+    engine = ScriptedEngine(tokenizer, [call("add", a=2, b=3), "\\boxed{5}"])
     tasks = [Task(f"t{i}", f"What is {i} + 3?") for i in range(3)]
     envs: list[CalcEnv] = []
 
@@ -482,7 +435,7 @@ def test_vllm_engine_episodes_are_token_exact(template: str) -> None:
 def check_engine_episodes(inner: Any, tokenizer: Any) -> None:
     """Three-turn tool episodes on ``inner``: every turn's input is the trajectory so
     far, and the trajectory holds exactly what the engine sampled."""
-    engine = RecordingEngine(inner)
+    engine = RecordingProxy(inner)
     assert isinstance(engine, Engine)
     tasks = [Task("a", "What is 2 + 3?"), Task("b", "What is 7 + 1?")]
     params = SamplingParams(temperature=1.0, max_new_tokens=12)

@@ -17,6 +17,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from scripted_engine import ScriptedEngine
 from temper import compute
 from temper.engine.native import NativeEngine
 from temper.models import load_model, load_tokenizer
@@ -26,7 +27,6 @@ from temper.serve import start_server
 from temper.serve.limits import HTTPLimits
 from temper.serve.protocol import APIError, ChatRequest, CompletionRequest, parse_body
 from temper.serve.reward_model import parse_score_request, start_rm_server
-from temper.serve.testing import RecordingEngine
 
 USER = [{"role": "user", "content": "What is 2+3?"}]
 DEEP = "[" * 100_000
@@ -230,7 +230,7 @@ def test_body_under_the_limit_is_served(rm):
 def short_server(request, tokenizer, rm_loaded):
     """A server of each kind with the SHORT timeouts (head 2 s, body 0.5 s)."""
     if request.param == "llm":
-        engine = RecordingEngine(tokenizer, ["fine"])
+        engine = ScriptedEngine(tokenizer, ["fine"], by="call")
         handle = start_server(engine, tokenizer, model_name="tiny", limits=SHORT)
     else:
         handle, _ = start_rm_server(rm_loaded, max_wait_ms=1, limits=SHORT)

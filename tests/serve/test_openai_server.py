@@ -12,11 +12,11 @@ import httpx
 import openai
 import pytest
 
+from scripted_engine import ScriptedEngine
 from temper.cli.main import main as cli_main
 from temper.engine.native import NativeEngine
 from temper.models import load_model, load_tokenizer
 from temper.serve import start_server
-from temper.serve.testing import RecordingEngine
 
 USER = [{"role": "user", "content": "What is 2+3?"}]
 ADD_TOOL = {
@@ -258,7 +258,7 @@ def tool_reply(prompt: str, index: int) -> str:
 
 
 def test_tool_call_round_trip(tokenizer):
-    engine = RecordingEngine(tokenizer, [tool_reply])
+    engine = ScriptedEngine(tokenizer, [tool_reply], by="call")
     with start_server(engine, tokenizer, model_name="scripted") as handle:
         client = openai.OpenAI(base_url=handle.base_url, api_key="x", max_retries=0)
         first = client.chat.completions.create(model="scripted", messages=USER, tools=[ADD_TOOL])
@@ -299,7 +299,7 @@ def test_malformed_tool_call_stays_in_content(tokenizer):
         '<tool_call>{"name": "add", "arguments": {"a": 1, "b": 1}}</tool_call>\n'
         "<tool_call>{not json}</tool_call>"
     )
-    engine = RecordingEngine(tokenizer, [reply])
+    engine = ScriptedEngine(tokenizer, [reply], by="call")
     with start_server(engine, tokenizer, model_name="scripted") as handle:
         client = openai.OpenAI(base_url=handle.base_url, api_key="x", max_retries=0)
         msg = (
@@ -317,7 +317,7 @@ def test_engine_failure_is_a_500_and_the_server_survives(tokenizer):
             raise RuntimeError("engine exploded")
         return "fine"
 
-    engine = RecordingEngine(tokenizer, [reply])
+    engine = ScriptedEngine(tokenizer, [reply], by="call")
     with start_server(engine, tokenizer, model_name="scripted") as handle:
         client = openai.OpenAI(base_url=handle.base_url, api_key="x", max_retries=0)
         with pytest.raises(openai.InternalServerError) as info:

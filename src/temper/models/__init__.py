@@ -1,4 +1,13 @@
-"""temper.models: loading HF models and tokenizers; the built-in tiny policy, reward model and VLM."""
+"""temper.models: loading HF models and tokenizers, chat templates and the tool-call format;
+the built-in tiny policy (`tiny/`), reward model (`tiny_rm/`), VLM (`tiny_vlm/`) and MoE
+(`tiny_moe/`).
+
+`loader.py` (model paths and aliases, `load_model`, `load_tokenizer`,
+`load_processor`), `chat_template.py` (the ChatML/Hermes template;
+`IncrementalRenderer` renders a conversation piece by piece, so sampled ids are
+never re-tokenised), `tool_calls.py` (the Hermes ``<tool_call>`` format parsed
+into `ToolCall`s and `ToolCallError`s).
+"""
 
 from temper.models.loader import (
     TINY_DIR,

@@ -1,1 +1,15 @@
-"""temper.orchestrator"""
+"""temper.orchestrator: the training loop and its stages.
+
+- `loop.py`: `Orchestrator`, one run: builds its parts (`temper.builder`), runs the
+  steps, evals, health checks and checkpoints, writes the run directory;
+- `rl_step.py`: `RLStep`, a step in five stages: collect, advantages, train,
+  publish, metrics; `collect.py` (one synchronous step's groups, with DAPO refill),
+  `advantages.py` (the advantage stage), `step_metrics.py` (what a step logs);
+- `self_improve.py`: the sft and rft steps (`trainer.mode`);
+- `async_rollouts.py`: groups generated in the background within
+  `orchestrator.max_staleness` (docs/async.md);
+- `run_dir.py`: the run directory, opened in two steps so a failed start loses
+  nothing; `run_guard.py`: refusals at start, reward-error reports, Ctrl-C;
+- `stage_model.py` + `auto_placement.py`: `temper plan` and
+  ``orchestrator.placement = "auto"`` (docs/placement.md).
+"""

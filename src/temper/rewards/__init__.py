@@ -1,4 +1,15 @@
-"""Rewards: score completions. See `base.Reward` for the protocol."""
+"""temper.rewards: score completions. `base.Reward` is the protocol (``score``, ``close``).
+
+Verifiers: `math_verify_reward.py` (math-verify in worker processes with a hard
+timeout, `process_pool.py`), `format_reward.py` (regex, exact match, JSON
+schema), `tool_call_ast.py` (BFCL-style AST matching), `code_tests.py` +
+`harness/` (hidden unit tests in the sandbox). Models: `reward_model.py`
+(`RewardModelReward`, over HTTP or in process through `rm_batcher.py` and
+`rm_scoring.py`), `judge.py` (LLM-as-judge). Users' functions: `trl_adapter.py`
+(TRL's signature). Combined by `combine.py` (`WeightedSum`) behind `shaping.py`
+(`GatedReward`: repetition and gibberish detectors, on by default; the DAPO
+overlong penalty). Hacking detectors for code: `code_hacks.py`, `code_reach.py`.
+"""
 
 from temper.rewards.answers import (
     extract_boxed,

@@ -1,5 +1,8 @@
-"""Rollouts: drive an engine (and an env) into trajectories."""
+"""temper.rollout: drive an engine (and an env) into trajectories, token in, token out.
 
-from temper.records import Trajectory
-
-__all__ = ["Trajectory"]
+`sources.py` (the `RolloutSource` protocol: `SingleTurnRollouts`,
+`EpisodeRollouts`), `single_turn.py` (prompt rendering, a group per task),
+`multi_turn.py` (episodes: each turn appends exactly the sampled ids, then the
+observation rendered incrementally; limits, env errors), `scoring.py` (rewards
+onto trajectories). The `Trajectory` record itself is `temper.records`.
+"""

@@ -2,7 +2,10 @@
 
 `WeightTransport` (`transport.py`) is the protocol: ``publish(state_dict, version)``,
 ``receive(version)``, ``latest_version()``. `choose.py` picks the transport for where
-a run's engines are, and says which transports are library-only.
+a run's engines are, and says which transports are library-only. The
+transports: in-process and shared-memory file (`transport.py`), shared-memory
+ring (`shm_ring.py`), safetensors files (`safetensors_file.py`),
+`torch.distributed` broadcast (`broadcast.py`). See docs/weights.md.
 """
 
 from temper.weights.broadcast import BroadcastTransport

@@ -1,0 +1,35 @@
+"""The tests' one way to run `temper train` in process, quick and quiet.
+
+`QUIET` turns off what a test of the training loop rarely needs: the evals at the
+start, during and at the end, the progress display, and the final checkpoint. A test
+that needs one back passes its override after (later overrides win).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from temper.cli.main import main
+
+NO_EVAL = ("--eval.at_start=false", "--eval.at_end=false", "--eval.every=0")
+QUIET = (*NO_EVAL, "--log.progress=false", "--checkpoint.at_end=false")
+
+
+def exit_code(out: Path, name: str, *overrides: str) -> int:
+    """Run `temper train` quietly as ``out/name`` with ``overrides``; its exit code."""
+    args = ["train", f"--run.output_dir={out}", f"--run.name={name}", *QUIET, *overrides]
+    return main(args)
+
+
+def train(out: Path, name: str, *overrides: str) -> Path:
+    """Run `temper train` quietly as ``out/name``; check it succeeded; the run directory."""
+    code = exit_code(out, name, *overrides)
+    assert code == 0, f"temper train exited {code}"
+    return Path(out) / name
+
+
+def metrics(run: Path) -> list[dict[str, Any]]:
+    """A run's metrics.jsonl, one dict per step."""
+    return [json.loads(line) for line in (Path(run) / "metrics.jsonl").read_text().splitlines()]
