@@ -23,7 +23,7 @@ FLOORS: dict[str, int] = {
         ["errors", "safe_json", "processes", "compute", "torch_extensions", "records", "algos"],
         1,
     ),
-    **dict.fromkeys(["devices", "targets", "http_client", "_subprocess_site", "config"], 2),
+    **dict.fromkeys(["devices", "targets", "http_client", "_subprocess_site", "config", "wire"], 2),
     **dict.fromkeys(["models", "vision", "weights", "sandbox", "ray_cluster"], 3),
     **dict.fromkeys(["engine", "monitor", "rewards"], 4),
     "data": 5,

@@ -25,3 +25,9 @@ class ModelLoadError(TemperError):
 
 class PromptTooLongError(TemperError):
     """A prompt that does not fit in the model's context window."""
+
+
+class InfraError(Exception):
+    """The infrastructure failed an episode, not the policy: a server lost, a call that
+    timed out on the wire, a full server, a sandbox that would not start. The rollout
+    loop marks such an episode ``infra_error`` and retries it; it is never a reward."""

@@ -41,6 +41,7 @@ def build_rollouts(cfg: Config, engine: Engine, model: RunModel, tasks: RunTasks
         reward,
         cfg.env.max_concurrency,
         images,
+        cfg.env.infra_retries,
     )
     return Rollouts(source, tasks.train, tasks.heldout, reward, None, tasks.env_spec)
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from temper.config import Config
+from temper.config.env import EnvConfig
 from temper.config.sampler import SamplerConfig
 from temper.config.schema import DataConfig
 from temper.data.sampler import ListSampler, ProceduralSampler, TaskSampler
@@ -21,6 +22,8 @@ from temper.data.task_sampling import (
     weighted,
 )
 from temper.envs.registry import BUILTIN_ENVS, EnvSpec
+from temper.envs.service.client import EnvFleet, check_servers, remote_spec
+from temper.envs.service.messages import env_fingerprint
 from temper.errors import ConfigError, DataError
 from temper.records import Task, Trajectory
 from temper.targets import load_target
@@ -133,12 +136,24 @@ def build_env_spec(kind: str, options: dict[str, Any], seed: int) -> EnvSpec:
     return spec
 
 
+def build_remote_env_spec(spec: EnvSpec, cfg: EnvConfig) -> EnvSpec:
+    """``spec`` with its episodes played on the env servers of ``cfg.servers``, after
+    checking that each speaks this protocol and serves this env (`ConfigError` if not)."""
+    fleet = EnvFleet(
+        cfg.servers, env_fingerprint(cfg.type, cfg.options), call_timeout_s=cfg.call_timeout_s
+    )
+    check_servers(fleet)
+    return remote_spec(spec, fleet)
+
+
 def build_run_tasks(cfg: Config) -> RunTasks:
     """The env's own tasks when it has them, else the configured data; drawn by the
     configured sampler."""
     spec = None
     if cfg.env.enabled:
         spec = build_env_spec(cfg.env.type, cfg.env.options, cfg.run.seed)
+        if cfg.env.servers:
+            spec = build_remote_env_spec(spec, cfg.env)
         if spec.train is not None and spec.heldout is not None:
             return RunTasks(
                 build_sampler(cfg.sampler, spec.train, cfg.run.seed), spec.heldout, spec

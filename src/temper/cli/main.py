@@ -17,6 +17,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from temper.cli import env_serve
 from temper.cli.overrides import join_override_values, split_overrides
 from temper.cli.train import cmd_train
 from temper.errors import ConfigError, TemperError
@@ -232,6 +233,13 @@ def _add_run_dir_parsers(sub: Any) -> None:
     )
     rp.add_argument("trajectories", help="a trajectories/step_*.jsonl file of an env run")
     rp.add_argument("--index", type=int, default=None, help="only this line (0-based)")
+    where = rp.add_mutually_exclusive_group()
+    where.add_argument(
+        "--servers", nargs="+", metavar="URL", help="replay on these env servers (ws://...)"
+    )
+    where.add_argument(
+        "--in-process", action="store_true", help="replay in this process, not the run's servers"
+    )
 
 
 def _add_server_parsers(sub: Any) -> None:
@@ -262,6 +270,7 @@ def _add_server_parsers(sub: Any) -> None:
     rm.add_argument("--max-wait-ms", type=float, default=5.0, help="wait this long to fill a batch")
     rm.add_argument("--max-queue", type=int, default=1024, help="queued pairs before HTTP 503")
     _add_limit_flags(rm)
+    env_serve.add_parser(sub)
     d = sub.add_parser("dash", help="live web dashboard over the run directories in RUNS_DIR")
     d.add_argument("runs_dir", nargs="?", default="runs", help="folder of runs")
     d.add_argument("--host", default="127.0.0.1", help="address to listen on")
@@ -310,7 +319,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
-    from temper.builder.tasks import build_env_spec
+    from temper.builder.tasks import build_env_spec, build_remote_env_spec
     from temper.config.load import load_run_config
     from temper.envs.replay import replay_episode
     from temper.monitor.sinks import read_jsonl
@@ -329,7 +338,12 @@ def cmd_replay(args: argparse.Namespace) -> int:
         if not 0 <= args.index < len(records):
             raise ConfigError(f"--index {args.index} is out of range: {path} has {len(records)}")
         records = [records[args.index]]
+    if args.servers or args.in_process:
+        cfg.env.servers = [] if args.in_process else list(args.servers)
     spec = build_env_spec(cfg.env.type, cfg.env.options, cfg.run.seed)
+    if cfg.env.servers:
+        spec = build_remote_env_spec(spec, cfg.env)
+    where = f"on {', '.join(cfg.env.servers)}" if cfg.env.servers else "in process"
 
     async def run() -> list:
         return [await replay_episode(r, spec) for r in records]
@@ -343,7 +357,7 @@ def cmd_replay(args: argparse.Namespace) -> int:
     for r in bad:
         print(f"{r.task_id}: " + "; ".join(r.mismatches))
     turns = sum(r.turns for r in reports)
-    print(f"replayed {len(reports)} episode(s), {turns} turn(s): {len(bad)} differ")
+    print(f"replayed {len(reports)} episode(s), {turns} turn(s) {where}: {len(bad)} differ")
     return 1 if bad else 0
 
 
@@ -412,6 +426,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_serve_rm(args, overrides)
         if args.command == "dash":
             return cmd_dash(args, overrides)
+        if args.command == "env-serve":
+            from temper.cli.env_serve import cmd_env_serve
+
+            return cmd_env_serve(args, overrides)
         if args.command == "config":
             return cmd_config(args, overrides)
         return cmd_report(args)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 
 class EpisodeLimits(BaseModel):
@@ -69,6 +69,30 @@ class EnvConfig(BaseModel):
     max_concurrency: int | None = Field(
         None, ge=1, description="Episodes in flight at once (default: all of a step's)."
     )
+    servers: list[str] = Field(
+        default_factory=list,
+        description="Env servers (`temper env-serve`) to play the episodes on, as "
+        '"ws://host:port/v1" URLs; empty = in this process. The run still builds its '
+        "tasks from `type` and `options`; each server must serve the same env.",
+    )
+    call_timeout_s: float = Field(
+        300.0, gt=0, description="Seconds one call to an env server may take (reset or step)."
+    )
+    infra_retries: int = Field(
+        2,
+        ge=0,
+        le=10,
+        description="Times an episode the infrastructure failed (a server lost, a wire "
+        "timeout) is played again; one that still fails is left out of training.",
+    )
+
+    @field_validator("servers")
+    @classmethod
+    def _urls(cls, urls: list[str]) -> list[str]:
+        for url in urls:
+            if not url.startswith(("ws://", "wss://")):
+                raise ValueError(f"env.servers: {url!r} is not a ws:// or wss:// URL")
+        return urls
 
     @property
     def enabled(self) -> bool:

@@ -56,6 +56,12 @@ class HealthConfig(BaseModel):
     reward_errors: HealthCheck = _check(
         0.5, "stop", "The share of a step's samples whose reward failed above the threshold."
     )
+    infra_errors: HealthCheck = _check(
+        0.2,
+        "warn",
+        "The share of a step's episodes the infrastructure failed (after retries) above "
+        "the threshold: env servers lost or overloaded.",
+    )
     all_groups_dropped: HealthCheck = _check(
         5, "stop", "Every group dropped (equal rewards) for this many steps in a row."
     )

@@ -27,9 +27,11 @@ Message = dict[str, Any]
 #: "token_budget": an `EpisodeLimits` limit. "length": a turn hit the
 #: sampling `max_new_tokens` (and `continue_after_length` is off). "env_error":
 #: the env raised (the reason is on the trajectory). "abort": the engine
-#: aborted the request.
+#: aborted the request. "infra_error": the infrastructure failed the episode (a
+#: remote env server lost, a call timed out on the wire; `temper.errors.InfraError`):
+#: retried, and never trained on.
 EpisodeFinish = Literal[
-    "done", "max_turns", "timeout", "token_budget", "length", "env_error", "abort"
+    "done", "max_turns", "timeout", "token_budget", "length", "env_error", "abort", "infra_error"
 ]
 
 

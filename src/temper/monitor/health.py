@@ -110,6 +110,11 @@ class HealthMonitor:
         if mismatch is not None and mismatch > c.mismatch.threshold:
             self._fire(out, step, "mismatch", mismatch,
                        f"train/inference logprob diff {mismatch:.3g} > {c.mismatch.threshold:g}")  # fmt: skip
+        episodes, infra = m.get("env/episodes"), m.get("env/finish/infra_error", 0.0)
+        if episodes and infra / episodes > c.infra_errors.threshold:
+            self._fire(out, step, "infra_errors", infra / episodes,
+                       f"{infra:g} of {episodes:g} episodes failed for the infrastructure "
+                       f"(> {c.infra_errors.threshold:g}); check the env servers")  # fmt: skip
         self._check_length(out, step, m)
         self._check_throughput(out, step, m)
         if "reward_mean" in m:

@@ -26,8 +26,13 @@ from temper.records import Trajectory
 
 
 def usable(group: list[Trajectory]) -> list[Trajectory]:
-    """The group without samples that failed scoring (NaN reward) or the env (no tokens)."""
-    return [t for t in group if not math.isnan(t.reward) and t.num_tokens > 0]
+    """The group without samples that failed scoring or the infrastructure (NaN reward)
+    or the env (no tokens)."""
+    return [
+        t
+        for t in group
+        if not math.isnan(t.reward) and t.num_tokens > 0 and t.finish_reason != "infra_error"
+    ]
 
 
 def is_informative(group: list[Trajectory]) -> bool:

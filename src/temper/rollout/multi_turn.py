@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -34,7 +35,7 @@ from typing import Any
 from temper.config.env import EpisodeLimits
 from temper.engine.base import Engine, SampleOutput, SamplingParams
 from temper.envs.base import AssistantTurn, Env, EpisodeFinish, Message, StepResult
-from temper.errors import PromptTooLongError
+from temper.errors import InfraError, PromptTooLongError
 from temper.models.chat_template import IncrementalRenderer
 from temper.models.tool_calls import ToolCall, ToolCallError, parse_tool_calls
 from temper.records import Task, Trajectory
@@ -98,7 +99,7 @@ class _Episode:
         self.messages += messages
 
     def fail(self, where: str, exc: Exception) -> None:
-        self.finish = "env_error"
+        self.finish = "infra_error" if isinstance(exc, InfraError) else "env_error"
         self.env_error = f"{where}: {type(exc).__name__}: {exc}"
 
     def trajectory(self, task: Task, group_id: int, tokenizer: Any) -> Trajectory:
@@ -335,6 +336,7 @@ async def run_episodes(
     max_concurrency: int | None = None,
     parser: ToolCallParser = parse_tool_calls,
     images: PromptImages | None = None,
+    infra_retries: int = 2,
 ) -> list[list[Trajectory]]:
     """Run `group_size` episodes per task concurrently against one engine.
 
@@ -344,7 +346,11 @@ async def run_episodes(
     `group_id=i`. With `seed`, episode j of task i uses seed
     `seed * 100003 + i * group_size + j`. `max_concurrency` bounds the episodes
     in flight (None: all at once). If one episode raises, the others are
-    cancelled (their envs closed) and the error is re-raised.
+    cancelled (their envs closed) and the error is re-raised. An episode that ends
+    with "infra_error" is played again from the start in a fresh env (the same seed), up
+    to `infra_retries` times; one that still fails keeps that finish, with a NaN reward
+    so that no group statistic and no update counts it (`env_info["infra_retries"]`
+    says how often it was retried).
     """
     if group_size < 1 or (max_concurrency is not None and max_concurrency < 1):
         raise ValueError(
@@ -355,16 +361,25 @@ async def run_episodes(
     async def one(i: int, j: int) -> Trajectory:
         episode_seed = None if seed is None else seed * _TASK_SEED_STRIDE + i * group_size + j
         async with gate:
-            env = make_env(tasks[i])
-            try:
-                traj = await run_episode(
-                    engine, env, tasks[i], tokenizer, params, limits, episode_seed,
-                    group_id=i, parser=parser, images=images,
-                )  # fmt: skip
-            finally:
-                close_error = await _close(env)
+            attempt = 0
+            while True:
+                env = make_env(tasks[i])
+                try:
+                    traj = await run_episode(
+                        engine, env, tasks[i], tokenizer, params, limits, episode_seed,
+                        group_id=i, parser=parser, images=images,
+                    )  # fmt: skip
+                finally:
+                    close_error = await _close(env)
+                if traj.finish_reason != "infra_error" or attempt == infra_retries:
+                    break
+                attempt += 1
             if close_error:
                 traj.env_info["close_error"] = close_error
+            if attempt:
+                traj.env_info["infra_retries"] = attempt
+            if traj.finish_reason == "infra_error":
+                traj.reward = math.nan
             return traj
 
     jobs = [asyncio.ensure_future(one(i, j)) for i in range(len(tasks)) for j in range(group_size)]
@@ -387,13 +402,15 @@ async def _close(env: Env) -> str | None:
 
 
 def episode_stats(trajs: Iterable[Trajectory]) -> dict[str, float]:
-    """Counts over episodes: `episodes`, `turns_mean`, `finish/<reason>`, `env_errors`,
+    """Counts over episodes: `episodes`, `turns_mean`, `finish/<reason>` (with
+    `finish/infra_error`), `env_errors` (the env's own), `infra_retries`,
     and the sum of every `env_metrics` counter (e.g. `tool_error_bad_json`)."""
     trajs = list(trajs)
     stats: Counter[str] = Counter()
     for t in trajs:
         stats[f"finish/{t.finish_reason}"] += 1
-        stats["env_errors"] += t.env_error is not None
+        stats["env_errors"] += t.env_error is not None and t.finish_reason != "infra_error"
+        stats["infra_retries"] += t.env_info.get("infra_retries", 0)
         for key, value in t.env_metrics.items():
             stats[key] += value
     out = {"episodes": float(len(trajs)), **{k: float(v) for k, v in stats.items()}}

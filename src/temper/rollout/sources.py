@@ -80,11 +80,13 @@ class EpisodeRollouts:
         reward: Reward | None = None,
         max_concurrency: int | None = None,
         images: PromptImages | None = None,
+        infra_retries: int = 2,
     ) -> None:
         self.engine, self.spec, self.tokenizer = engine, spec, tokenizer
         self.limits, self.reward, self.max_concurrency = limits, reward, max_concurrency
         #: A VLM's image handling (observations may show images); None: text only.
         self.images = images
+        self.infra_retries = infra_retries
 
     async def groups(
         self, tasks: list[Task], params: SamplingParams, seed: int | None = None
@@ -102,6 +104,7 @@ class EpisodeRollouts:
                 group_size=params.n,
                 max_concurrency=self.max_concurrency,
                 images=self.images,
+                infra_retries=self.infra_retries,
             )
         t1 = time.perf_counter()
         flat = [t for g in groups for t in g]

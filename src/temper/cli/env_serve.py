@@ -1,0 +1,115 @@
+"""`temper env-serve`: serve a config's `[env]` over the env protocol until SIGTERM/Ctrl-C.
+
+One process serves one port and many sessions (asyncio). ``--workers N`` starts N such
+processes on ports ``port .. port+N-1`` (list them all in the run's ``env.servers``:
+the client spreads episodes over them); the parent forwards SIGTERM/SIGINT to each and
+exits when they have.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import signal
+import subprocess
+import sys
+from typing import Any
+
+from temper.errors import ConfigError
+
+
+def add_parser(sub: Any) -> None:
+    es = sub.add_parser(
+        "env-serve",
+        help="serve a config's env over the env protocol (ws://HOST:PORT/v1)",
+        description="Serve the [env] of CONFIG (with overrides) to runs whose env.servers "
+        "name this server. /health and /metrics on the same port.",
+    )
+    es.add_argument("config", nargs="?", help="TOML config file (its [env] section is served)")
+    es.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    es.add_argument("--port", type=int, default=8100, help="port (the first, with --workers)")
+    es.add_argument("--workers", type=int, default=1, help="server processes, one port each")
+    es.add_argument("--max-sessions", type=int, default=4096, help="sessions per process")
+    es.add_argument("--idle-timeout-s", type=float, default=600.0, help="reap idle sessions")
+    es.add_argument("--lifetime-s", type=float, default=3600.0, help="reap sessions this old")
+    es.add_argument("--max-opens-per-s", type=float, default=2000.0, help="session creation rate")
+    es.add_argument(
+        "--max-observation-mb", type=float, default=8.0, help="largest answer (observation) sent"
+    )
+
+
+def cmd_env_serve(args: argparse.Namespace, overrides: list[str]) -> int:
+    if args.workers < 1:
+        raise ConfigError(f"--workers must be >= 1, got {args.workers}")
+    if args.workers > 1:
+        return _serve_workers(args, overrides)
+    from temper.builder.tasks import build_env_spec
+    from temper.config import load_config
+    from temper.envs.service.messages import env_fingerprint
+    from temper.envs.service.server import EnvService, ServiceLimits
+    from temper.wire.server import WireServer
+
+    cfg = load_config(args.config, overrides)
+    if not cfg.env.enabled:
+        raise ConfigError("env-serve needs an env: set env.type (e.g. --env.type=tool_use)")
+    if cfg.env.servers:
+        raise ConfigError("env-serve serves its env in process: leave env.servers empty")
+    spec = build_env_spec(cfg.env.type, cfg.env.options, cfg.run.seed)
+    limits = ServiceLimits(
+        args.max_sessions, args.idle_timeout_s, args.lifetime_s, args.max_opens_per_s,
+        int(args.max_observation_mb * 1024 * 1024),
+    )  # fmt: skip
+    service = EnvService(spec, cfg.env.type, env_fingerprint(cfg.env.type, cfg.env.options), limits)
+    server = WireServer(service, args.host, args.port)
+    asyncio.run(_serve(server, service))
+    return 0
+
+
+async def _serve(server: Any, service: Any) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await server.start()
+    except OSError as err:
+        raise ConfigError(
+            f"cannot listen on {server.host}:{server.port}: {err.strerror or err} "
+            "(try another --port)"
+        ) from None
+    service.start_reaper()
+    print(
+        f"temper env-serve: env {service.env_type!r} ({service.fingerprint}) at {server.url}",
+        flush=True,
+    )
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+        await service.close()
+        print(f"temper env-serve: {server.url} stopped", flush=True)
+
+
+def _serve_workers(args: argparse.Namespace, overrides: list[str]) -> int:
+    base = [sys.executable, "-m", "temper", "env-serve"] + ([args.config] if args.config else [])
+    flags = [
+        f"--host={args.host}", f"--max-sessions={args.max_sessions}",
+        f"--idle-timeout-s={args.idle_timeout_s}", f"--lifetime-s={args.lifetime_s}",
+        f"--max-opens-per-s={args.max_opens_per_s}",
+        f"--max-observation-mb={args.max_observation_mb}",
+    ]  # fmt: skip
+    children = [
+        subprocess.Popen([*base, *flags, f"--port={args.port + i}", *overrides])
+        for i in range(args.workers)
+    ]
+
+    def forward(signum: int, _frame: Any) -> None:
+        for child in children:
+            with contextlib.suppress(ProcessLookupError):
+                child.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    codes = [child.wait() for child in children]
+    return max(codes, key=abs)

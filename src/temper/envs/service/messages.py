@@ -1,0 +1,148 @@
+"""The env protocol's records on the wire: tasks, turns, step results and images.
+
+Everything crosses as plain msgpack values. An image in a message's content is
+``{"type": "image", "sha256": ..., "png": <bytes>}`` the first time a connection
+sees it and ``{"type": "image", "sha256": ...}`` after, so a screenshot an episode
+shows again, or one many sessions share, crosses once per connection.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict
+from typing import Any
+
+from temper.envs.base import AssistantTurn, Message, StepResult
+from temper.models.tool_calls import ToolCall, ToolCallError
+from temper.records import Task
+from temper.vision.images import ImageError, load_image
+from temper.wire.codec import WireError
+
+#: The protocol's version; a peer speaking another is refused with ``protocol_version``.
+PROTOCOL_VERSION = 1
+
+#: `env.options` keys that say where an env's parts run, not what the env is: they may
+#: differ between a run and the server it uses (see `env_fingerprint`).
+PLACEMENT_OPTIONS = frozenset({"sandbox_servers", "sandbox_workers", "warm_sandboxes"})
+
+
+def env_fingerprint(kind: str, options: dict[str, Any]) -> str:
+    """What names an env across the wire: its type and its options (placement ones left
+    out). A run refuses a server whose fingerprint differs from its own `[env]`."""
+    kept = {k: v for k, v in options.items() if k not in PLACEMENT_OPTIONS}
+    text = json.dumps({"type": kind, "options": kept}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class ImageCache:
+    """One connection's images: the server remembers what it sent, the client keeps
+    the bytes it got."""
+
+    def __init__(self, limit: int = 4096) -> None:
+        self.limit = limit
+        self.images: dict[str, bytes] = {}
+
+    def pack(self, messages: list[Message]) -> list[Message]:
+        return [_map_parts(m, self._pack_part) for m in messages]
+
+    def unpack(self, messages: list[Message]) -> list[Message]:
+        return [_map_parts(m, self._unpack_part) for m in messages]
+
+    def _pack_part(self, part: dict[str, Any]) -> dict[str, Any]:
+        if part.get("type") != "image" or "image" not in part:
+            return part
+        try:
+            image = load_image(part["image"])
+        except ImageError as exc:
+            raise WireError("bad_image", str(exc)) from None
+        out = {"type": "image", "sha256": image.sha256}
+        if image.sha256 not in self.images:
+            self._remember(image.sha256, b"")  # the peer has it now; no need to keep the bytes
+            out["png"] = image.png
+        return out
+
+    def _unpack_part(self, part: dict[str, Any]) -> dict[str, Any]:
+        if part.get("type") != "image" or "sha256" not in part:
+            return part
+        png = part.get("png")
+        if isinstance(png, bytes):
+            self._remember(part["sha256"], png)
+        elif part["sha256"] not in self.images:
+            raise WireError("bad_image", f"image {part['sha256'][:12]} was never sent")
+        return {"type": "image", "image": self.images[part["sha256"]]}
+
+    def _remember(self, sha: str, png: bytes) -> None:
+        if len(self.images) >= self.limit:
+            self.images.pop(next(iter(self.images)))
+        self.images[sha] = png
+
+
+def _map_parts(message: Message, fn: Any) -> Message:
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    return {**message, "content": [fn(p) if isinstance(p, dict) else p for p in content]}
+
+
+def task_to_wire(task: Task, images: ImageCache) -> dict[str, Any]:
+    record = asdict(task)
+    if isinstance(task.prompt, list):
+        record["prompt"] = images.pack(task.prompt)
+    return record
+
+
+def task_from_wire(value: Any, images: ImageCache) -> Task:
+    if not isinstance(value, dict) or not isinstance(value.get("id"), str):
+        raise WireError("bad_request", "task must be a map with a string 'id'")
+    try:
+        task = Task(**value)
+    except TypeError as exc:
+        raise WireError("bad_request", f"task: {exc}") from None
+    if isinstance(task.prompt, list):
+        task.prompt = images.unpack(task.prompt)
+    return task
+
+
+def turn_to_wire(turn: AssistantTurn) -> dict[str, Any]:
+    return asdict(turn)
+
+
+def turn_from_wire(value: Any) -> AssistantTurn:
+    if not isinstance(value, dict) or not isinstance(value.get("text"), str):
+        raise WireError("bad_request", "turn must be a map with a string 'text'")
+    try:
+        calls = [ToolCall(**c) for c in value.get("tool_calls") or []]
+        errors = [ToolCallError(**e) for e in value.get("parse_errors") or []]
+        rest = {k: v for k, v in value.items() if k not in ("tool_calls", "parse_errors")}
+        return AssistantTurn(**rest, tool_calls=calls, parse_errors=errors)
+    except TypeError as exc:
+        raise WireError("bad_request", f"turn: {exc}") from None
+
+
+def result_to_wire(result: StepResult, images: ImageCache) -> dict[str, Any]:
+    return {
+        "observation": images.pack(list(result.observation)),
+        "reward": result.reward,
+        "done": bool(result.done),
+        "info": _plain(result.info),
+        "metrics": {k: float(v) for k, v in result.metrics.items()},
+    }
+
+
+def result_from_wire(value: dict[str, Any], images: ImageCache) -> StepResult:
+    return StepResult(
+        observation=images.unpack(list(value.get("observation") or [])),
+        reward=value.get("reward"),
+        done=bool(value.get("done")),
+        info=dict(value.get("info") or {}),
+        metrics=dict(value.get("metrics") or {}),
+    )
+
+
+def _plain(value: Any) -> Any:
+    """``info`` as msgpack carries it: what JSON can say, the rest as its repr."""
+    try:
+        return json.loads(json.dumps(value, default=repr))
+    except (TypeError, ValueError):
+        return repr(value)
