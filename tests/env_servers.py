@@ -1,5 +1,6 @@
-"""Env servers for tests: `ServerThread` (an `EnvService` on its own event loop in a
-thread of the test process) and `ServerProcess` (``temper env-serve`` as a child)."""
+"""Servers for tests: `ServerThread` (an `EnvService`) and `SandboxThread` (a
+`SandboxService`), each on its own event loop in a thread of the test process, and
+`ServerProcess` (``temper env-serve`` as a child process)."""
 
 from __future__ import annotations
 
@@ -16,23 +17,21 @@ from typing import Any
 from temper.builder.tasks import build_env_spec
 from temper.envs.service.messages import env_fingerprint
 from temper.envs.service.server import EnvService, ServiceLimits
+from temper.sandbox import SandboxPool
+from temper.sandbox.service import SandboxService
 from temper.wire.server import WireServer
 
 ROOT = Path(__file__).resolve().parents[1]
 COUNTER = str(ROOT / "tests" / "counter_env.py") + ":counter_spec"
 
 
-class ServerThread:
-    """``with ServerThread(kind, options) as server:`` serves at ``server.url``."""
+class ServiceThread:
+    """``with ServiceThread(service) as server:`` serves a wire handler at ``server.url``
+    from its own event loop in a thread of the test process."""
 
-    def __init__(
-        self, kind: str = COUNTER, options: dict[str, Any] | None = None, **limits: Any
-    ) -> None:
-        self.kind, self.options = kind, dict(options or {})
-        spec = build_env_spec(kind, self.options, 0)
-        fingerprint = env_fingerprint(kind, self.options)
-        self.service = EnvService(spec, kind, fingerprint, ServiceLimits(**limits))
-        self.server = WireServer(self.service)
+    def __init__(self, service: Any) -> None:
+        self.service = service
+        self.server = WireServer(service)
         self.loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
 
@@ -44,7 +43,7 @@ class ServerThread:
         """Run ``coro`` on the server's loop (e.g. ``service.reap()``)."""
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout=60)
 
-    def __enter__(self) -> ServerThread:
+    def __enter__(self) -> ServiceThread:
         self._thread.start()
         self.run(self.server.start())
         return self
@@ -54,6 +53,26 @@ class ServerThread:
         self.run(self.service.close())
         self.loop.call_soon_threadsafe(self.loop.stop)
         self._thread.join(timeout=30)
+
+
+class ServerThread(ServiceThread):
+    """An `EnvService` of env ``kind`` with ``options`` and `ServiceLimits` ``limits``."""
+
+    def __init__(
+        self, kind: str = COUNTER, options: dict[str, Any] | None = None, **limits: Any
+    ) -> None:
+        self.kind, self.options = kind, dict(options or {})
+        spec = build_env_spec(kind, self.options, 0)
+        fingerprint = env_fingerprint(kind, self.options)
+        super().__init__(EnvService(spec, kind, fingerprint, ServiceLimits(**limits)))
+
+
+class SandboxThread(ServiceThread):
+    """A `SandboxService` on a warm pool of ``pool_size``."""
+
+    def __init__(self, pool_size: int = 2, **config: Any) -> None:
+        pool = SandboxPool(pool_size=pool_size, allow_fallback=False, **config)
+        super().__init__(SandboxService(pool))
 
 
 class ServerProcess:

@@ -39,6 +39,47 @@ def add_parser(sub: Any) -> None:
     )
 
 
+def add_sandbox_parser(sub: Any) -> None:
+    ss = sub.add_parser(
+        "sandbox-serve",
+        help="serve the code sandbox (bubblewrap, warm pool) over the wire (ws://HOST:PORT/v1)",
+        description="Run sandboxed code for envs and rewards whose sandbox_servers name this "
+        "server. Refuses to start without working bubblewrap unless --allow-unisolated.",
+    )
+    ss.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    ss.add_argument("--port", type=int, default=8200, help="port to listen on")
+    ss.add_argument("--pool-size", type=int, default=4, help="warm sandboxes kept ready")
+    ss.add_argument("--timeout-s", type=float, default=15.0, help="wall clock per call")
+    ss.add_argument("--max-queue", type=int, default=4096, help="calls queued before 'full'")
+    ss.add_argument(
+        "--allow-unisolated",
+        action="store_true",
+        help="run with rlimits only where bubblewrap cannot start (not isolation)",
+    )
+
+
+def cmd_sandbox_serve(args: argparse.Namespace, overrides: list[str]) -> int:
+    from temper.sandbox import IsolationUnavailableError, SandboxPool
+    from temper.sandbox.service import SandboxService
+    from temper.wire.server import WireServer
+
+    if overrides:
+        raise ConfigError(f"sandbox-serve takes no config overrides, got {overrides[0]!r}")
+    try:
+        pool = SandboxPool(
+            timeout_s=args.timeout_s, pool_size=args.pool_size,
+            allow_fallback=args.allow_unisolated, max_concurrency=max(64, args.pool_size),
+        )  # fmt: skip
+    except IsolationUnavailableError as exc:
+        raise ConfigError(f"{exc}; or pass --allow-unisolated") from None
+    except ValueError as exc:  # pydantic's, for a bad --pool-size or --timeout-s
+        raise ConfigError(f"sandbox-serve: {str(exc).splitlines()[0]}") from None
+    service = SandboxService(pool, args.max_queue)
+    server = WireServer(service, args.host, args.port)
+    asyncio.run(_serve(server, service, f"sandbox ({args.pool_size} warm)"))
+    return 0
+
+
 def cmd_env_serve(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.workers < 1:
         raise ConfigError(f"--workers must be >= 1, got {args.workers}")
@@ -62,11 +103,12 @@ def cmd_env_serve(args: argparse.Namespace, overrides: list[str]) -> int:
     )  # fmt: skip
     service = EnvService(spec, cfg.env.type, env_fingerprint(cfg.env.type, cfg.env.options), limits)
     server = WireServer(service, args.host, args.port)
-    asyncio.run(_serve(server, service))
+    what = f"env {service.env_type!r} ({service.fingerprint})"
+    asyncio.run(_serve(server, service, what))
     return 0
 
 
-async def _serve(server: Any, service: Any) -> None:
+async def _serve(server: Any, service: Any, what: str) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -78,17 +120,14 @@ async def _serve(server: Any, service: Any) -> None:
             f"cannot listen on {server.host}:{server.port}: {err.strerror or err} "
             "(try another --port)"
         ) from None
-    service.start_reaper()
-    print(
-        f"temper env-serve: env {service.env_type!r} ({service.fingerprint}) at {server.url}",
-        flush=True,
-    )
+    service.start()
+    print(f"temper: serving {what} at {server.url}", flush=True)
     try:
         await stop.wait()
     finally:
         await server.stop()
         await service.close()
-        print(f"temper env-serve: {server.url} stopped", flush=True)
+        print(f"temper: {server.url} stopped", flush=True)
 
 
 def _serve_workers(args: argparse.Namespace, overrides: list[str]) -> int:

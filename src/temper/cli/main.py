@@ -271,6 +271,7 @@ def _add_server_parsers(sub: Any) -> None:
     rm.add_argument("--max-queue", type=int, default=1024, help="queued pairs before HTTP 503")
     _add_limit_flags(rm)
     env_serve.add_parser(sub)
+    env_serve.add_sandbox_parser(sub)
     d = sub.add_parser("dash", help="live web dashboard over the run directories in RUNS_DIR")
     d.add_argument("runs_dir", nargs="?", default="runs", help="folder of runs")
     d.add_argument("--host", default="127.0.0.1", help="address to listen on")
@@ -430,6 +431,10 @@ def main(argv: list[str] | None = None) -> int:
             from temper.cli.env_serve import cmd_env_serve
 
             return cmd_env_serve(args, overrides)
+        if args.command == "sandbox-serve":
+            from temper.cli.env_serve import cmd_sandbox_serve
+
+            return cmd_sandbox_serve(args, overrides)
         if args.command == "config":
             return cmd_config(args, overrides)
         return cmd_report(args)

@@ -54,6 +54,7 @@ from temper.errors import ConfigError
 from temper.records import Task
 from temper.rewards.code_hacks import KINDS, confirmed, detect_hacks
 from temper.rewards.code_tests import TestReport, run_tests
+from temper.sandbox.service import sandbox_for
 
 _FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[^\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _PYTHON_TAGS = {"python", "py", "python3"}
@@ -72,6 +73,7 @@ OPTIONS = {
     "pool_size": 4,
     "detect_hacks": True,
     "zero_hacks": "confirmed",
+    "sandbox_servers": [],
 }
 
 
@@ -214,6 +216,13 @@ def _options(options: dict[str, Any]) -> dict[str, Any]:
             continue
         if type(value) is not int or value < low:
             raise ConfigError(f"env.options.{key} must be an integer >= {low}, got {value!r}")
+    servers = opts["sandbox_servers"]
+    if not isinstance(servers, list) or not all(
+        isinstance(u, str) and u.startswith(("ws://", "wss://")) for u in servers
+    ):
+        raise ConfigError(
+            f"env.options.sandbox_servers must be a list of ws:// URLs, got {servers!r}"
+        )
     for key in ("timeout_s", "test_timeout_s"):
         value = opts[key]
         if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 600:
@@ -259,16 +268,18 @@ def spec(options: dict[str, Any], seed: int) -> EnvSpec:
         heldout = tasks.heldout(opts["eval_size"] or 200)
     pool_box: list[Any] = []
 
+    def local_pool() -> Any:
+        from temper.sandbox import SandboxPool
+
+        # The harness stops at timeout_s; the sandbox's limits are a backstop.
+        backstop = float(opts["timeout_s"]) + 5.0
+        return SandboxPool(
+            timeout_s=backstop, cpu_s=math.ceil(backstop), pool_size=opts["pool_size"]
+        )
+
     def shared_pool() -> Any:
         if not pool_box:
-            from temper.sandbox import SandboxPool
-
-            # The harness stops at timeout_s; the sandbox's limits are a backstop.
-            backstop = float(opts["timeout_s"]) + 5.0
-            pool = SandboxPool(
-                timeout_s=backstop, cpu_s=math.ceil(backstop), pool_size=opts["pool_size"]
-            )
-            pool_box.append(pool)
+            pool_box.append(sandbox_for(opts["sandbox_servers"], local_pool))
         return pool_box[0]
 
     def make_env(task: Task) -> CodeEnv:

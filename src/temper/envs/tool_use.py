@@ -38,6 +38,7 @@ from temper.envs.tools import Tool, ToolEnv
 from temper.errors import ConfigError
 from temper.records import Task
 from temper.rewards.answers import extract_boxed
+from temper.sandbox.service import sandbox_for
 
 CATEGORIES = ("calc", "lookup", "lookup_calc", "python")
 ITEMS = ("apple", "pear", "lemon", "melon", "peach", "plum", "grape", "mango", "kiwi", "fig")
@@ -294,7 +295,7 @@ def spec(options: dict[str, Any], seed: int) -> EnvSpec:
     none: see `ToolUseEnv`)."""
     from temper.data.sampler import ProceduralSampler
 
-    allowed = {"categories", "eval_size", "tool_timeout_s", "tool_latency_ms"}
+    allowed = {"categories", "eval_size", "tool_timeout_s", "tool_latency_ms", "sandbox_servers"}
     unknown = sorted(set(options) - allowed)
     if unknown:
         raise ConfigError(
@@ -305,11 +306,19 @@ def spec(options: dict[str, Any], seed: int) -> EnvSpec:
     timeout = float(options.get("tool_timeout_s", 10.0))
     sandbox_box: list[Any] = []
 
+    servers = options.get("sandbox_servers") or []
+    if not isinstance(servers, list) or not all(
+        isinstance(u, str) and u.startswith(("ws://", "wss://")) for u in servers
+    ):
+        raise ConfigError(
+            f"env.options.sandbox_servers must be a list of ws:// URLs, got {servers!r}"
+        )
+
     def shared_sandbox() -> Any:
         if not sandbox_box:
             from temper.sandbox import Sandbox
 
-            sandbox_box.append(Sandbox())
+            sandbox_box.append(sandbox_for(servers, Sandbox))
         return sandbox_box[0]
 
     def make_env(task: Task) -> ToolUseEnv:

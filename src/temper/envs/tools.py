@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 from temper.envs.base import AssistantTurn, Message, StepResult
+from temper.errors import InfraError
 from temper.models.tool_calls import ToolCall, ToolCallError
 from temper.records import Task
 
@@ -261,6 +262,8 @@ async def _run_one(
         result = await tool.call(call.arguments, timeout_s)
     except TimeoutError:
         return f"error: tool {call.name!r} timed out after {timeout_s}s", "timeout"
+    except InfraError:
+        raise  # the infrastructure failed (a sandbox server lost): the episode is retried
     except Exception as exc:  # a tool's bug must not end the episode
         return f"error: tool {call.name!r} raised {type(exc).__name__}: {exc}", "exception"
     return format_result(result, max_chars), "ok"

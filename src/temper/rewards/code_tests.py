@@ -74,6 +74,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from temper.errors import InfraError
+
 log = logging.getLogger("temper.rewards")
 _HARNESS_DIR = Path(__file__).with_name("harness")
 
@@ -288,6 +290,8 @@ async def run_tests(
     result_file = f"result-{nonce}.json"
     try:
         res = await sandbox.arun_python(HARNESS, stdin=json.dumps(request), collect=[result_file])
+    except InfraError:
+        raise  # a sandbox server lost: the infrastructure's failure, not the solution's
     except Exception as e:  # the promise: nothing a solution does makes this raise
         log.warning("run_tests: the sandbox failed: %s: %s", type(e).__name__, e)
         return _failed(names, f"the sandbox failed: {e}", "sandbox_error")

@@ -245,7 +245,8 @@ class EnvService:
             ended += 1
         return ended
 
-    def start_reaper(self) -> None:
+    def start(self) -> None:
+        """Start the reaper (on the running event loop)."""
         period = max(0.05, min(self.limits.idle_timeout_s, self.limits.lifetime_s) / 4)
 
         async def loop() -> None:
