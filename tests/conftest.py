@@ -1,5 +1,7 @@
 import os
 
+import pytest
+
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -14,3 +16,18 @@ try:  # the same examples on every run: a property test never flakes CI by chanc
     _hypothesis_settings.load_profile("temper")
 except ImportError:  # .venv-vllm runs no property tests
     pass
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """One local Ray cluster for every test of the session that asks (starting one costs
+    ~7 s and 1 GB on 2 cores); skipped where Ray is not installed."""
+    ray = pytest.importorskip("ray")
+    from temper.config import config_from_dict
+    from temper.ray_cluster import start_ray
+
+    cfg = config_from_dict({"run": {"name": "ray-cluster"}})
+    started = start_ray(cfg, num_cpus=2, log_to_driver=False)
+    yield ray
+    if started:
+        ray.shutdown()

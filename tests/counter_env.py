@@ -3,7 +3,8 @@ tests/counter_env.py:counter_spec` or in a thread (`env_servers.ServerThread`).
 
 Each step answers with what the policy said and the turn number, gives 0.5 per turn,
 and ends after ``turns`` turns. Options: ``turns``; ``image`` (the first observation
-shows a PNG); ``huge_bytes`` (each step's observation is that many bytes). A server
+shows a PNG); ``huge_bytes`` (each step's observation is that many bytes);
+``die_once_file`` (the first server process to step creates the file and dies). A server
 process started with ``TEMPER_TEST_CRASH_ON_STEP=1`` dies at its first step, as a lost
 server does; ``TEMPER_TEST_SLOW_STEP_S`` makes every step that slow.
 """
@@ -48,7 +49,7 @@ class CounterEnv:
         return [{"role": "user", "content": text}]
 
     async def step(self, turn: AssistantTurn) -> StepResult:
-        if os.environ.get("TEMPER_TEST_CRASH_ON_STEP"):
+        if os.environ.get("TEMPER_TEST_CRASH_ON_STEP") or self._first_to_die():
             os._exit(17)
         await asyncio.sleep(float(os.environ.get("TEMPER_TEST_SLOW_STEP_S", "0")))
         self.turn += 1
@@ -61,6 +62,17 @@ class CounterEnv:
             info={"success": done},
             metrics={"counted": 1.0},
         )
+
+    def _first_to_die(self) -> bool:
+        """With ``die_once_file``: True in the one process that creates that file."""
+        path = self.options.get("die_once_file")
+        if not path:
+            return False
+        try:
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return False
+        return True
 
     async def close(self) -> None:
         self.closed = True

@@ -49,16 +49,6 @@ PARAMS = SamplingParams(n=2, temperature=1.0, max_new_tokens=12)
 SEED = 7
 
 
-@pytest.fixture(scope="session")
-def ray_cluster():
-    """One local cluster for every test here (starting one costs ~7 s on 2 cores)."""
-    cfg = config_from_dict({"run": {"name": "ray-cluster"}})
-    started = start_ray(cfg, num_cpus=2, log_to_driver=False)
-    yield ray
-    if started:
-        ray.shutdown()
-
-
 def _cfg(name: str, **orchestrator: object) -> object:
     return config_from_dict(
         {

@@ -136,14 +136,42 @@ def build_env_spec(kind: str, options: dict[str, Any], seed: int) -> EnvSpec:
     return spec
 
 
-def build_remote_env_spec(spec: EnvSpec, cfg: EnvConfig) -> EnvSpec:
-    """``spec`` with its episodes played on the env servers of ``cfg.servers``, after
-    checking that each speaks this protocol and serves this env (`ConfigError` if not)."""
+def build_remote_env_spec(spec: EnvSpec, cfg: EnvConfig, urls: list[str] | None = None) -> EnvSpec:
+    """``spec`` with its episodes played on the env servers at ``urls`` (default
+    ``cfg.servers``), after checking that each speaks this protocol and serves this env
+    (`ConfigError` if not)."""
     fleet = EnvFleet(
-        cfg.servers, env_fingerprint(cfg.type, cfg.options), call_timeout_s=cfg.call_timeout_s
+        list(urls or cfg.servers),
+        env_fingerprint(cfg.type, cfg.options),
+        call_timeout_s=cfg.call_timeout_s,
     )
     check_servers(fleet)
     return remote_spec(spec, fleet)
+
+
+def build_ray_env_servers(cfg: Config, spec: EnvSpec) -> EnvSpec:
+    """Start ``env.ray_servers`` env-server actors and play ``spec``'s episodes on them
+    (and on ``env.servers``); the spec's ``close`` stops the actors."""
+    from temper.envs.service.ray_fleet import start_env_server_actors
+    from temper.ray_cluster import start_ray
+
+    if cfg.orchestrator.rollout_workers > 1 or cfg.orchestrator.backend != "local":
+        raise ConfigError(
+            "env.ray_servers starts actors from the local rollout loop; with rollout workers "
+            "start a standing fleet (temper env-serve --ray N) and list it in env.servers"
+        )
+    start_ray(cfg)
+    env = cfg.env
+    actors = start_env_server_actors(
+        env.ray_servers, build_env_spec, env.type, env.options, cfg.run.seed
+    )
+    try:
+        remote = build_remote_env_spec(spec, env, [*env.servers, *actors.urls])
+    except BaseException:
+        actors.stop()
+        raise
+    remote.close = actors.stop
+    return remote
 
 
 def build_run_tasks(cfg: Config) -> RunTasks:
@@ -152,7 +180,9 @@ def build_run_tasks(cfg: Config) -> RunTasks:
     spec = None
     if cfg.env.enabled:
         spec = build_env_spec(cfg.env.type, cfg.env.options, cfg.run.seed)
-        if cfg.env.servers:
+        if cfg.env.ray_servers:
+            spec = build_ray_env_servers(cfg, spec)
+        elif cfg.env.servers:
             spec = build_remote_env_spec(spec, cfg.env)
         if spec.train is not None and spec.heldout is not None:
             return RunTasks(

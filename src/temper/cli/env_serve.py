@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
 import signal
 import subprocess
 import sys
@@ -30,6 +31,12 @@ def add_parser(sub: Any) -> None:
     es.add_argument("--host", default="127.0.0.1", help="address to listen on")
     es.add_argument("--port", type=int, default=8100, help="port (the first, with --workers)")
     es.add_argument("--workers", type=int, default=1, help="server processes, one port each")
+    es.add_argument(
+        "--ray", type=int, default=0, metavar="N", help="serve from N Ray actors instead"
+    )
+    es.add_argument(
+        "--ray-address", default=None, help='the Ray cluster to join ("auto"; default: local)'
+    )
     es.add_argument("--max-sessions", type=int, default=4096, help="sessions per process")
     es.add_argument("--idle-timeout-s", type=float, default=600.0, help="reap idle sessions")
     es.add_argument("--lifetime-s", type=float, default=3600.0, help="reap sessions this old")
@@ -96,11 +103,13 @@ def cmd_env_serve(args: argparse.Namespace, overrides: list[str]) -> int:
         raise ConfigError("env-serve needs an env: set env.type (e.g. --env.type=tool_use)")
     if cfg.env.servers:
         raise ConfigError("env-serve serves its env in process: leave env.servers empty")
-    spec = build_env_spec(cfg.env.type, cfg.env.options, cfg.run.seed)
     limits = ServiceLimits(
         args.max_sessions, args.idle_timeout_s, args.lifetime_s, args.max_opens_per_s,
         int(args.max_observation_mb * 1024 * 1024),
     )  # fmt: skip
+    if args.ray:
+        return _serve_ray(args, cfg, limits)
+    spec = build_env_spec(cfg.env.type, cfg.env.options, cfg.run.seed)
     service = EnvService(spec, cfg.env.type, env_fingerprint(cfg.env.type, cfg.env.options), limits)
     server = WireServer(service, args.host, args.port)
     what = f"env {service.env_type!r} ({service.fingerprint})"
@@ -128,6 +137,36 @@ async def _serve(server: Any, service: Any, what: str) -> None:
         await server.stop()
         await service.close()
         print(f"temper: {server.url} stopped", flush=True)
+
+
+def _serve_ray(args: argparse.Namespace, cfg: Any, limits: Any) -> int:
+    """A standing fleet: N actors until SIGTERM/Ctrl-C, then none."""
+    import threading
+
+    from temper.builder.tasks import build_env_spec
+    from temper.envs.service.ray_fleet import start_env_server_actors
+    from temper.ray_cluster import import_ray, start_ray
+
+    cfg.orchestrator.ray_address = args.ray_address
+    start_ray(cfg)
+    env = cfg.env
+    actors = start_env_server_actors(
+        args.ray, build_env_spec, env.type, env.options, cfg.run.seed, limits=limits
+    )
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        print(f"temper: serving env {env.type!r} from {args.ray} Ray actors:", flush=True)
+        for url, pid in zip(actors.urls, actors.pids, strict=True):
+            print(f"  {url}  (pid {pid})", flush=True)
+        print("env.servers = " + json.dumps(actors.urls), flush=True)
+        stop.wait()
+    finally:
+        actors.stop()
+        import_ray().shutdown()
+        print("temper: Ray env servers stopped", flush=True)
+    return 0
 
 
 def _serve_workers(args: argparse.Namespace, overrides: list[str]) -> int:

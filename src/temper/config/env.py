@@ -75,6 +75,14 @@ class EnvConfig(BaseModel):
         '"ws://host:port/v1" URLs; empty = in this process. The run still builds its '
         "tasks from `type` and `options`; each server must serve the same env.",
     )
+    ray_servers: int = Field(
+        0,
+        ge=0,
+        le=4096,
+        description="Env servers this run starts as Ray actors (one CPU each) and plays its "
+        "episodes on, with any `servers` listed; 0 = none. Needs Ray (the local "
+        "cluster, or orchestrator.ray_address).",
+    )
     call_timeout_s: float = Field(
         300.0, gt=0, description="Seconds one call to an env server may take (reset or step)."
     )
