@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from env_servers import ServerThread
 from temper.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,13 +47,26 @@ def test_tool_use_run_trains_and_its_episodes_replay(tmp_path, capsys):
     step_file = run / "trajectories" / "step_000002.jsonl"
     assert main(["replay", str(step_file)]) == 0
     assert f"replayed {len(lines)} episode(s)" in capsys.readouterr().out
+    # The same episodes on an env server: hermetic across the wire.
+    with ServerThread("tool_use", {"eval_size": 8}) as server:
+        assert main(["replay", str(step_file), "--servers", server.url]) == 0
+        out = capsys.readouterr().out
+        assert f"replayed {len(lines)} episode(s)" in out and f"on {server.url}: 0 differ" in out
+        assert server.service.counts["sessions_opened"] == len(lines)
 
-    # A tampered recording is caught.
-    record["turn_rewards"] = [r + 1 for r in record["turn_rewards"]]
-    bad = run / "trajectories" / "step_999999.jsonl"
-    bad.write_text(json.dumps(record) + "\n")
-    assert main(["replay", str(bad)]) == 1
-    assert "differ" in capsys.readouterr().out
+        # A tampered recording is caught, in process and on the server.
+        record["turn_rewards"] = [r + 1 for r in record["turn_rewards"]]
+        bad = run / "trajectories" / "step_999999.jsonl"
+        bad.write_text(json.dumps(record) + "\n")
+        assert main(["replay", str(bad), "--in-process"]) == 1
+        assert "differ" in capsys.readouterr().out
+        assert main(["replay", str(bad), "--servers", server.url]) == 1
+        assert "1 differ" in capsys.readouterr().out
+    # A server of another env refuses this run's episodes: exit 2, one line.
+    with ServerThread() as other:
+        assert main(["replay", str(step_file), "--servers", other.url]) == 2
+        err = capsys.readouterr().err
+        assert "env_mismatch" in err and len(err.strip().splitlines()) == 1
 
 
 def test_replay_refuses_single_turn_runs_and_missing_files(tmp_path, capsys):
