@@ -10,8 +10,8 @@ import random
 import socket
 
 import pytest
-from env_servers import SandboxThread
 
+from env_servers import SandboxThread
 from temper.envs.base import AssistantTurn
 from temper.envs.tool_use import ToolUseEnv, make_task
 from temper.errors import InfraError
@@ -151,7 +151,6 @@ def test_the_python_tool_runs_remotely_and_a_lost_server_is_not_a_tool_error():
 
 def test_a_server_without_isolation_is_refused_by_the_client():
     from env_servers import ServiceThread
-
     from temper.sandbox.service import SandboxService
 
     class Unisolated(Sandbox):
@@ -166,3 +165,29 @@ def test_a_server_without_isolation_is_refused_by_the_client():
                 remote.run_python("print(1)")
         finally:
             remote.close()
+
+
+def test_dirs_left_by_a_killed_process_are_reclaimed_and_live_ones_kept(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    from temper.sandbox import SandboxConfig, bwrap
+
+    cfg = SandboxConfig(scratch_root=str(tmp_path))
+    # A process that makes a scratch dir and dies without cleaning up (as SIGKILL does).
+    code = (
+        "import os; from temper.sandbox import SandboxConfig; from temper.sandbox import bwrap;"
+        f"print(bwrap.make_scratch(SandboxConfig(scratch_root={str(tmp_path)!r})), flush=True);"
+        "os._exit(9)"
+    )
+    dead = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    orphan = dead.stdout.strip()
+    assert os.path.isdir(orphan) and dead.returncode == 9
+    mine = bwrap.make_scratch(cfg)
+    unrelated = tmp_path / "temper-sandbox-notes"  # not named by a pid: never ours to delete
+    unrelated.mkdir()
+    bwrap._reclaimed.discard(str(tmp_path))
+    assert bwrap.reclaim_orphans(cfg) >= 1
+    assert not os.path.exists(orphan) and os.path.isdir(mine) and unrelated.is_dir()
+    bwrap.remove_tree(mine)

@@ -16,6 +16,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import select
 import shutil
 import signal
@@ -66,7 +67,7 @@ def public_etc() -> str:
     with _etc_lock:
         if _etc_dir is None or not os.path.isdir(_etc_dir):
             shm = "/dev/shm" if os.access("/dev/shm", os.W_OK | os.X_OK) else None
-            path = tempfile.mkdtemp(prefix="temper-sandbox-etc-", dir=shm)
+            path = tempfile.mkdtemp(prefix=f"temper-sandbox-etc-{os.getpid()}-", dir=shm)
             for name in ETC_ENTRIES:
                 _copy_public(os.path.join("/etc", name), os.path.join(path, name))
             os.chmod(path, 0o755)
@@ -349,11 +350,44 @@ def _try_start(cfg: SandboxConfig, path: str) -> str | None:
 
 
 def make_scratch(cfg: SandboxConfig) -> str:
-    """A fresh host dir (mode 0700) owned by the sandbox uid."""
-    path = tempfile.mkdtemp(prefix="temper-sandbox-", dir=cfg.scratch_root)
+    """A fresh host dir (mode 0700) owned by the sandbox uid, named after this process
+    (``temper-sandbox-<pid>-...``) so that `reclaim_orphans` knows whose it is."""
+    path = tempfile.mkdtemp(prefix=f"temper-sandbox-{os.getpid()}-", dir=cfg.scratch_root)
     if os.geteuid() == 0:
         os.chown(path, cfg.uid, cfg.gid)
     return path
+
+
+_reclaimed: set[str] = set()
+_ORPHAN = re.compile(r"temper-sandbox-(?:etc-)?(\d+)-")
+
+
+def reclaim_orphans(cfg: SandboxConfig) -> int:
+    """Delete the scratch and /etc dirs of processes that no longer run (a server
+    killed with SIGKILL never ran its clean-up); once per process and scratch root.
+    Returns how many were removed. A dir of a live process is never touched."""
+    roots = [cfg.scratch_root or tempfile.gettempdir(), "/dev/shm"]
+    removed = 0
+    for root in roots:
+        if root in _reclaimed or not os.path.isdir(root):
+            continue
+        _reclaimed.add(root)
+        for name in os.listdir(root):
+            match = _ORPHAN.match(name)
+            if match is None or _pid_alive(int(match.group(1))):
+                continue
+            removed += remove_tree(os.path.join(root, name))
+    return removed
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _parts(rel: str) -> list[str]:

@@ -42,6 +42,7 @@ from temper.sandbox.bwrap import (
     prlimit_argv,
     probe,
     read_init_pid,
+    reclaim_orphans,
     remove_tree,
     sandbox_argv,
     write_files,
@@ -146,6 +147,7 @@ class Sandbox:
         elif overrides:
             config = SandboxConfig.model_validate({**config.model_dump(), **overrides})
         self.config = config
+        reclaim_orphans(config)  # what a killed process left behind
         self._bwrap, reason = probe(config)
         if self._bwrap is None:
             if not config.allow_fallback:
