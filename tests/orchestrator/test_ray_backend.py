@@ -42,7 +42,7 @@ from temper.backends.base import publish_weights  # noqa: E402
 from temper.backends.ray_pool import RayWorkerPool  # noqa: E402
 from temper.builder.backends import build_backend  # noqa: E402
 from temper.builder.rollouts import build_worker_parts  # noqa: E402
-from temper.ray_cluster import ray_settings, start_ray  # noqa: E402
+from temper.ray_cluster import ray_settings  # noqa: E402
 from temper.weights import push_weights  # noqa: E402
 
 PARAMS = SamplingParams(n=2, temperature=1.0, max_new_tokens=12)

@@ -25,7 +25,8 @@ def add_parser(sub: Any) -> None:
         "env-serve",
         help="serve a config's env over the env protocol (ws://HOST:PORT/v1)",
         description="Serve the [env] of CONFIG (with overrides) to runs whose env.servers "
-        "name this server. /health and /metrics on the same port.",
+        "name this server, and to OpenEnv clients (base URL http://HOST:PORT, route /ws). "
+        "/health and /metrics on the same port.",
     )
     es.add_argument("config", nargs="?", help="TOML config file (its [env] section is served)")
     es.add_argument("--host", default="127.0.0.1", help="address to listen on")
@@ -95,6 +96,7 @@ def cmd_env_serve(args: argparse.Namespace, overrides: list[str]) -> int:
     from temper.builder.tasks import build_env_spec
     from temper.config import load_config
     from temper.envs.service.messages import env_fingerprint
+    from temper.envs.service.openenv_compat import OpenEnvRoute
     from temper.envs.service.server import EnvService, ServiceLimits
     from temper.wire.server import WireServer
 
@@ -111,8 +113,9 @@ def cmd_env_serve(args: argparse.Namespace, overrides: list[str]) -> int:
         return _serve_ray(args, cfg, limits)
     spec = build_env_spec(cfg.env.type, cfg.env.options, cfg.run.seed)
     service = EnvService(spec, cfg.env.type, env_fingerprint(cfg.env.type, cfg.env.options), limits)
-    server = WireServer(service, args.host, args.port)
-    what = f"env {service.env_type!r} ({service.fingerprint})"
+    openenv = {"/ws": OpenEnvRoute(service)}  # OpenEnv clients: base URL http://host:port
+    server = WireServer(service, args.host, args.port, extra_routes=openenv)
+    what = f"env {service.env_type!r} ({service.fingerprint}; OpenEnv clients at /ws)"
     asyncio.run(_serve(server, service, what))
     return 0
 
@@ -177,9 +180,13 @@ def _serve_workers(args: argparse.Namespace, overrides: list[str]) -> int:
         f"--max-opens-per-s={args.max_opens_per_s}",
         f"--max-observation-mb={args.max_observation_mb}",
     ]  # fmt: skip
-    children = [
-        subprocess.Popen([*base, *flags, f"--port={args.port + i}", *overrides])
-        for i in range(args.workers)
+    argv = [*base, *flags, *(f"--{o}" for o in overrides)]
+    # The first worker alone until it serves: bad input fails once, in one line.
+    children = [subprocess.Popen([*argv, f"--port={args.port}"])]
+    if not _wait_serving(children[0], args.host, args.port):
+        return children[0].wait()
+    children += [
+        subprocess.Popen([*argv, f"--port={args.port + i}"]) for i in range(1, args.workers)
     ]
 
     def forward(signum: int, _frame: Any) -> None:
@@ -191,3 +198,18 @@ def _serve_workers(args: argparse.Namespace, overrides: list[str]) -> int:
     signal.signal(signal.SIGINT, forward)
     codes = [child.wait() for child in children]
     return max(codes, key=abs)
+
+
+def _wait_serving(child: subprocess.Popen, host: str, port: int) -> bool:
+    """True once ``child`` answers /health; False if it exits first."""
+    import time
+    import urllib.request
+
+    probe = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    while child.poll() is None:
+        try:
+            with urllib.request.urlopen(f"http://{probe}:{port}/health", timeout=2):
+                return True
+        except OSError:
+            time.sleep(0.2)
+    return False

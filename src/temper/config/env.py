@@ -52,7 +52,7 @@ class EnvConfig(BaseModel):
         "none",
         min_length=1,
         description='"none": single-turn prompts from `data`, scored by `reward`. Otherwise a '
-        "multi-turn env: a built-in (tool_use, code, guess_number, wordle, arithmetic_chain, gym, visual_grid, miniwob) or "
+        "multi-turn env: a built-in (tool_use, code, guess_number, wordle, arithmetic_chain, gym, visual_grid, miniwob, openenv) or "
         '"module:function" / "file.py:function" returning a temper.envs.registry.EnvSpec.',
     )
     options: dict[str, Any] = Field(

@@ -32,6 +32,7 @@ BUILTIN_ENVS: dict[str, str] = {
     "miniwob": "temper.envs.browser_env:spec",
     "visual_grid": "temper.envs.visual_grid:visual_grid_spec",
     "arithmetic_chain": "temper.envs.chain:chain_spec",
+    "openenv": "temper.envs.openenv_client:openenv_spec",
 }
 
 

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from http import HTTPStatus
 from typing import Any, Protocol
 
@@ -23,6 +24,9 @@ from websockets.http11 import Request, Response
 from temper.wire.codec import DEFAULT_MAX_FRAME, WireError, decode, encode, error_frame
 
 log = logging.getLogger(__name__)
+
+#: A route of another protocol on the same port: it gets the whole connection.
+Route = Callable[[ServerConnection], Awaitable[None]]
 
 
 class WireHandler(Protocol):
@@ -47,7 +51,10 @@ class WireHandler(Protocol):
 
 
 class WireServer:
-    """Serve ``handler`` at ``ws://host:port/<path>``; `start`, then `stop` (or `serve_forever`)."""
+    """Serve ``handler`` at ``ws://host:port/<path>``; `start`, then `stop` (or `serve_forever`).
+
+    ``extra_routes`` maps more WebSocket paths to handlers that own their connections
+    and speak their own protocol (e.g. OpenEnv's JSON at ``/ws``)."""
 
     def __init__(
         self,
@@ -57,9 +64,10 @@ class WireServer:
         *,
         path: str = "/v1",
         max_frame: int = DEFAULT_MAX_FRAME,
+        extra_routes: dict[str, Route] | None = None,
     ) -> None:
         self.handler, self.host, self.port, self.path = handler, host, port, path
-        self.max_frame = max_frame
+        self.max_frame, self.extra_routes = max_frame, dict(extra_routes or {})
         self._server: Server | None = None
 
     @property
@@ -98,11 +106,15 @@ class WireServer:
             return conn.respond(status, json.dumps(body) + "\n")
         if route == "/metrics":
             return conn.respond(HTTPStatus.OK, self.handler.metrics())
-        if route != self.path:
+        if route != self.path and route not in self.extra_routes:
             return conn.respond(HTTPStatus.NOT_FOUND, f"no such path {route!r}; try {self.path}\n")
         return None  # the WebSocket handshake goes on
 
     async def _connection(self, conn: ServerConnection) -> None:
+        route = self.extra_routes.get(conn.request.path.split("?", 1)[0] if conn.request else "")
+        if route is not None:
+            await route(conn)
+            return
         peer = self.handler.connected()
         calls: set[asyncio.Task[None]] = set()
         try:

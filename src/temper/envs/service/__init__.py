@@ -5,6 +5,11 @@
 - `server`: `EnvService`, one env's sessions with their limits and reaper
   (`temper env-serve`).
 - `client`: `EnvFleet` and `RemoteEnv`, what a run with ``env.servers`` plays on.
+- `openenv_compat`: the same sessions for OpenEnv's clients, at ``/ws`` (its JSON).
+- `ray_fleet`: env servers as Ray actors (``env.ray_servers``, ``env-serve --ray N``).
+
+The other way round, Temper training on an OpenEnv server, is the ``openenv`` env
+(`temper.envs.openenv_client`).
 
 The protocol, fleets and capacity model: docs/env_service.md.
 """

@@ -19,6 +19,7 @@ from typing import Any
 
 from temper.envs.registry import EnvSpec
 from temper.envs.service.messages import env_fingerprint
+from temper.envs.service.openenv_compat import OpenEnvRoute
 from temper.envs.service.server import EnvService, ServiceLimits
 from temper.ray_cluster import import_ray
 from temper.wire.server import WireServer
@@ -41,7 +42,8 @@ class EnvServerActor:
     ) -> None:
         spec = build_spec(kind, options, seed)
         self.service = EnvService(spec, kind, env_fingerprint(kind, options), limits)
-        self.server = WireServer(self.service, "0.0.0.0", 0)
+        openenv = {"/ws": OpenEnvRoute(self.service)}  # OpenEnv's clients, as env-serve
+        self.server = WireServer(self.service, "0.0.0.0", 0, extra_routes=openenv)
         self.host = import_ray().util.get_node_ip_address()  # this actor's node
         self.loop = asyncio.new_event_loop()
         threading.Thread(target=self.loop.run_forever, daemon=True).start()
