@@ -121,6 +121,11 @@ def cmd_env_serve(args: argparse.Namespace, overrides: list[str]) -> int:
 
 
 async def _serve(server: Any, service: Any, what: str) -> None:
+    from temper.sandbox import SandboxConfig
+    from temper.sandbox.bwrap import reclaim_orphans
+
+    # A server started again after a crash clears what its killed predecessor left.
+    reclaim_orphans(SandboxConfig())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
