@@ -73,13 +73,20 @@ def wait_healthy(port: int, proc: subprocess.Popen, timeout_s: float = 120) -> N
     raise TimeoutError(f"server on {port} not healthy")
 
 
-def start_temper(kind: str, workers: int = 1) -> tuple[subprocess.Popen, list[str]]:
+def start_temper(
+    kind: str, workers: int = 1, core: int | None = None, options: str | None = None
+) -> tuple[subprocess.Popen, list[str]]:
+    """``temper env-serve`` of env ``kind``; pinned to CPU ``core`` (its sandboxes too)."""
     port = free_port() if workers == 1 else free_port_block(workers)
     cmd = [
         sys.executable, "-m", "temper", "env-serve", f"--port={port}", f"--workers={workers}",
         f"--env.type={HERE / 'env_service_envs.py'}:{kind}_spec", "--max-sessions=65536",
         "--max-opens-per-s=100000",
     ]  # fmt: skip
+    if options:
+        cmd.append(f"--env.options={options}")
+    if core is not None:
+        cmd = ["taskset", "-c", str(core), *cmd]
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, start_new_session=True)
     for i in range(workers):
@@ -303,6 +310,20 @@ def run_pair(kind: str, template: str, label: str, fn) -> dict:
     return out
 
 
+def pinned_fleet(n: int, sessions: int, seconds: float) -> dict:
+    """``n`` servers of the CPU-bound env, server i and its sandbox pool (1 warm) pinned
+    to core i: does throughput grow with each server that adds a core?"""
+    started = [start_temper("cpu", core=i, options="{pool_size=1}") for i in range(n)]
+    try:
+        result = drive("temper", [u for _, urls in started for u in urls], sessions,
+                       seconds=seconds)  # fmt: skip
+    finally:
+        for proc, _ in started:
+            stop(proc)
+    print(f"[cpu pinned x{n}] temper: {json.dumps(result)}", file=sys.stderr, flush=True)
+    return result
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--seconds", type=float, default=8.0)
@@ -340,6 +361,7 @@ def main() -> None:
             cpu2 = drive("temper", urls, cpu_load, seconds=args.seconds)
         finally:
             stop(proc)
+        pinned = {n: pinned_fleet(n, cpu_load, args.seconds) for n in (1, 2)}
     t, o = echo["temper"], echo["openenv"]
     result = {
         "benchmark": "env_service",
@@ -352,9 +374,17 @@ def main() -> None:
             cpu["temper"]["steps_per_s"] / cpu["openenv"]["steps_per_s"], 2
         ),
         "fleet_2_over_1": round(cpu2["steps_per_s"] / cpu["temper"]["steps_per_s"], 2),
+        "pinned_fleet_2_over_1": round(pinned[2]["steps_per_s"] / pinned[1]["steps_per_s"], 2),
+        "sleep_steps_per_s_over_openenv_at_max": round(
+            sleep["temper"]["levels"][ramp[-1]]["steps_per_s"]
+            / sleep["openenv"]["levels"][ramp[-1]]["steps_per_s"],
+            2,
+        )
+        if ramp[-1] in sleep["temper"]["levels"] and ramp[-1] in sleep["openenv"]["levels"]
+        else None,
         "echo": echo,
         "sleep": {k: v["levels"] for k, v in sleep.items()},
-        "cpu": {**cpu, "temper_2_servers": cpu2},
+        "cpu": {**cpu, "temper_2_servers": cpu2, "pinned": pinned},
         "low_load": low,
         "in_process_step_ms": round(local_ms, 4),
         "cores": os.cpu_count(),

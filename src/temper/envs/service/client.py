@@ -40,6 +40,7 @@ class _Server:
         self.in_flight = 0
         self.down_until = 0.0
         self.greeted_generation = -1
+        self.greeting = asyncio.Lock()
         self.loop: asyncio.AbstractEventLoop | None = None
 
     async def ensure_loop(self) -> None:
@@ -49,6 +50,7 @@ class _Server:
         if self.loop is not loop:
             self.loop, self.wire = loop, WireClient(self.url)
             self.images, self.greeted_generation = ImageCache(), -1
+            self.greeting = asyncio.Lock()
 
 
 class EnvFleet:
@@ -95,19 +97,21 @@ class EnvFleet:
             raise
 
     async def _greet(self, server: _Server) -> None:
-        """Check the server's protocol version and env once per connection."""
-        if server.wire.connected and server.greeted_generation == server.wire.generation:
-            return
-        hello = await server.wire.call(
-            "hello", timeout_s=self.call_timeout_s, version=PROTOCOL_VERSION
-        )
-        server.greeted_generation = server.wire.generation
-        if hello.get("fingerprint") != self.fingerprint:
-            raise WireError(
-                "env_mismatch",
-                f"{server.url} serves env {hello.get('env')!r} ({hello.get('fingerprint')}), "
-                f"not this run's ({self.fingerprint}): check env.type and env.options",
+        """Check the server's protocol version and env once per connection (episodes
+        that start together wait for one greeting)."""
+        async with server.greeting:
+            if server.wire.connected and server.greeted_generation == server.wire.generation:
+                return
+            hello = await server.wire.call(
+                "hello", timeout_s=self.call_timeout_s, version=PROTOCOL_VERSION
             )
+            if hello.get("fingerprint") != self.fingerprint:
+                raise WireError(
+                    "env_mismatch",
+                    f"{server.url} serves env {hello.get('env')!r} ({hello.get('fingerprint')}), "
+                    f"not this run's ({self.fingerprint}): check env.type and env.options",
+                )
+            server.greeted_generation = server.wire.generation
 
     async def check(self) -> None:
         """Greet every server now; a wrong env or version is a `ConfigError` (exit 2)."""
