@@ -4,9 +4,8 @@ The same `EnvService` (the echo env of benchmarks/env_service_envs.py) behind fo
 transports, each server in a process of its own, driven by the same client load
 (``--sessions`` sessions stepping for ``--seconds``, in one client process):
 
-- ``ws_msgpack``: Temper's wire, msgpack frames over one multiplexed WebSocket
-  (``temper env-serve``);
-- ``ws_json``: the same multiplexing with JSON text frames;
+- ``ws_msgpack``: Temper's wire, msgpack frames over one multiplexed WebSocket;
+- ``ws_json``: the same server and client with JSON text frames;
 - ``ws_per_session``: msgpack, but one WebSocket per session (OpenEnv's layout);
 - ``grpc_http2``: gRPC (HTTP/2 streams over one connection), msgpack bodies.
 
@@ -21,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import itertools
 import json
 import os
 import signal
@@ -29,7 +27,6 @@ import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -58,31 +55,23 @@ def service() -> Any:
 # ---------------------------------------------------------------- servers (child processes)
 
 
-async def serve_json(port: int) -> None:
-    from websockets.asyncio.server import serve
+def json_encode(frame: dict[str, Any]) -> str:
+    return json.dumps(frame)
 
-    svc = service()
 
-    async def connection(ws: Any) -> None:
-        peer = svc.connected()
+def json_decode(data: bytes | str) -> dict[str, Any]:
+    return json.loads(data)
 
-        async def answer(data: str) -> None:
-            frame = json.loads(data)
-            try:
-                out = {"id": frame["id"], "ok": True, **await svc.call(peer, frame)}
-            except Exception as exc:
-                out = {"id": frame["id"], "ok": False, "error": str(exc)}
-            await ws.send(json.dumps(out))
 
-        tasks = set()
-        async for data in ws:
-            t = asyncio.create_task(answer(data))
-            tasks.add(t)
-            t.add_done_callback(tasks.discard)
-        await svc.disconnected(peer)
+async def serve_wire(port: int, codec: str) -> None:
+    """Temper's own `WireServer` of the echo env; ``codec`` "json": JSON text frames."""
+    from temper.wire.server import WireServer
 
-    async with serve(connection, "127.0.0.1", port, compression=None):
-        await asyncio.Future()
+    server = WireServer(service(), "127.0.0.1", port)
+    if codec == "json":
+        server.encode, server.decode = json_encode, json_decode
+    await server.start()
+    await asyncio.Future()
 
 
 async def serve_grpc(port: int) -> None:
@@ -108,24 +97,17 @@ async def serve_grpc(port: int) -> None:
 
 
 def start(kind: str) -> tuple[subprocess.Popen, str]:
+    """A server process for ``kind``; every WebSocket kind runs the same `WireServer`."""
     port = free_port()
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-    if kind in ("ws_msgpack", "ws_per_session"):
-        cmd = [sys.executable, "-m", "temper", "env-serve", f"--port={port}",
-               f"--env.type={ECHO}", "--max-sessions=65536"]  # fmt: skip
-        url = f"ws://127.0.0.1:{port}/v1"
-    else:
-        cmd = [sys.executable, __file__, "--serve", kind, "--port", str(port)]
-        url = f"ws://127.0.0.1:{port}" if kind == "ws_json" else f"127.0.0.1:{port}"
+    served = "grpc_http2" if kind == "grpc_http2" else "ws_json" if kind == "ws_json" else "ws"
+    cmd = [sys.executable, __file__, "--serve", served, "--port", str(port)]
+    url = f"127.0.0.1:{port}" if kind == "grpc_http2" else f"ws://127.0.0.1:{port}/v1"
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
-            if kind in ("ws_msgpack", "ws_per_session"):
-                urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2)
-            else:
-                socket.create_connection(("127.0.0.1", port), timeout=2).close()
-            time.sleep(0.5 if kind not in ("ws_msgpack", "ws_per_session") else 0)
+            socket.create_connection(("127.0.0.1", port), timeout=2).close()
             return proc, url
         except OSError:
             time.sleep(0.2)
@@ -133,29 +115,6 @@ def start(kind: str) -> tuple[subprocess.Popen, str]:
 
 
 # ---------------------------------------------------------------- clients
-
-
-class JSONClient:
-    def __init__(self, url: str) -> None:
-        self.url, self.ids, self.pending = url, itertools.count(1), {}
-
-    async def open(self) -> None:
-        from websockets.asyncio.client import connect
-
-        self.ws = await connect(self.url, compression=None)
-        self.reader = asyncio.create_task(self._read())
-
-    async def _read(self) -> None:
-        async for data in self.ws:
-            frame = json.loads(data)
-            self.pending.pop(frame["id"]).set_result(frame)
-
-    async def call(self, op: str, **fields: Any) -> dict[str, Any]:
-        i = next(self.ids)
-        future = asyncio.get_running_loop().create_future()
-        self.pending[i] = future
-        await self.ws.send(json.dumps({"id": i, "op": op, **fields}))
-        return await future
 
 
 class GRPCClient:
@@ -176,13 +135,15 @@ class GRPCClient:
 
 
 class WireClientAdapter:
-    def __init__(self, url: str) -> None:
-        self.url = url
+    def __init__(self, url: str, codec: str = "msgpack") -> None:
+        self.url, self.codec = url, codec
 
     async def open(self) -> None:
         from temper.wire.client import WireClient
 
         self.client = WireClient(self.url)
+        if self.codec == "json":
+            self.client.encode, self.client.decode = json_encode, json_decode
 
     async def call(self, op: str, **fields: Any) -> dict[str, Any]:
         return await self.client.call(op, **fields)
@@ -192,7 +153,10 @@ async def drive(kind: str, url: str, sessions: int, seconds: float) -> dict[str,
     from temper.envs.service.messages import PROTOCOL_VERSION
 
     async def make() -> Any:
-        client = {"ws_json": JSONClient, "grpc_http2": GRPCClient}.get(kind, WireClientAdapter)(url)
+        if kind == "grpc_http2":
+            client = GRPCClient(url)
+        else:
+            client = WireClientAdapter(url, "json" if kind == "ws_json" else "msgpack")
         await client.open()
         await client.call("hello", version=PROTOCOL_VERSION)
         return client
@@ -238,11 +202,14 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--seconds", type=float, default=6.0)
     p.add_argument("--sessions", type=int, default=64)
-    p.add_argument("--serve", choices=["ws_json", "grpc_http2"], help=argparse.SUPPRESS)
+    p.add_argument("--serve", choices=["ws", "ws_json", "grpc_http2"], help=argparse.SUPPRESS)
     p.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.serve:
-        asyncio.run(serve_json(args.port) if args.serve == "ws_json" else serve_grpc(args.port))
+        if args.serve == "grpc_http2":
+            asyncio.run(serve_grpc(args.port))
+        else:
+            asyncio.run(serve_wire(args.port, "json" if args.serve == "ws_json" else "msgpack"))
         return
     results = {}
     for kind in ("ws_msgpack", "ws_json", "ws_per_session", "grpc_http2"):

@@ -21,6 +21,8 @@ class WireClient:
         self, url: str, *, max_frame: int = DEFAULT_MAX_FRAME, connect_timeout_s: float = 10.0
     ) -> None:
         self.url, self.max_frame, self.connect_timeout_s = url, max_frame, connect_timeout_s
+        #: The frame codec; only benchmarks/wire_transport.py swaps it (to measure JSON).
+        self.encode, self.decode = encode, decode
         self._conn: ClientConnection | None = None
         self._reader: asyncio.Task[None] | None = None
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
@@ -54,7 +56,7 @@ class WireClient:
         try:
             async for data in conn:
                 try:
-                    frame = decode(data)
+                    frame = self.decode(data)
                 except WireError:
                     continue  # a server that is not ours; the call times out
                 future = self._pending.pop(frame.get("id"), None)  # type: ignore[arg-type]
@@ -74,7 +76,7 @@ class WireClient:
         """The answer's fields; raises `WireError` (``timeout`` after ``timeout_s``)."""
         conn = await self._ensure()
         call_id = next(self._ids)
-        data = encode({"id": call_id, "op": op, **fields})
+        data = self.encode({"id": call_id, "op": op, **fields})
         if len(data) > self.max_frame:
             raise WireError("frame_too_large", f"{op}: {len(data)} bytes > {self.max_frame}")
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()

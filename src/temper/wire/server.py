@@ -68,6 +68,8 @@ class WireServer:
     ) -> None:
         self.handler, self.host, self.port, self.path = handler, host, port, path
         self.max_frame, self.extra_routes = max_frame, dict(extra_routes or {})
+        #: The frame codec; only benchmarks/wire_transport.py swaps it (to measure JSON).
+        self.encode, self.decode = encode, decode
         self._server: Server | None = None
 
     @property
@@ -133,7 +135,7 @@ class WireServer:
     async def _answer(self, conn: ServerConnection, peer: Any, data: bytes | str) -> None:
         call_id = None
         try:
-            frame = decode(data)
+            frame = self.decode(data)
             call_id = frame.get("id")
             answer = {"id": call_id, "ok": True, **await self.handler.call(peer, frame)}
         except WireError as exc:
@@ -142,11 +144,11 @@ class WireServer:
             log.exception("wire call %r failed", call_id)
             answer = error_frame(call_id, "internal", f"{type(exc).__name__}: {exc}")
         try:
-            data_out = encode(answer)
+            data_out = self.encode(answer)
         except Exception as exc:  # an answer msgpack cannot carry
-            data_out = encode(error_frame(call_id, "internal", f"unencodable answer: {exc}"))
+            data_out = self.encode(error_frame(call_id, "internal", f"unencodable answer: {exc}"))
         if len(data_out) > self.max_frame:
             message = f"the answer is {len(data_out)} bytes > {self.max_frame}"
-            data_out = encode(error_frame(call_id, "frame_too_large", message))
+            data_out = self.encode(error_frame(call_id, "frame_too_large", message))
         with contextlib.suppress(ConnectionClosed):  # the peer left; disconnected() cleans up
             await conn.send(data_out)
