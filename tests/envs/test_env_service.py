@@ -283,3 +283,20 @@ def test_a_step_that_outlives_the_call_timeout_is_an_infra_error(tokenizer):
         (group,) = play(spec.make_env, tokenizer, tasks=TASKS[:1], group_size=1, infra_retries=1)
         assert group[0].finish_reason == "infra_error" and "timeout" in group[0].env_error
         assert group[0].env_info["infra_retries"] == 1
+
+
+def test_an_oversized_image_ends_only_its_episode():
+    with ServerThread(COUNTER, {"image": True}, max_observation_bytes=120) as server:
+
+        async def probe() -> tuple[str, str]:
+            client = WireClient(server.url)
+            await client.call("hello", version=PROTOCOL_VERSION)
+            with pytest.raises(WireError) as err:  # the PNG alone is over the limit
+                await client.call("open", task={"id": "t", "prompt": "p"})
+            pong = await client.call("ping")
+            await client.close()
+            return err.value.code, "ok" if pong["ok"] else "no"
+
+        assert asyncio.run(probe()) == ("observation_too_large", "ok")
+        assert server.service.sessions == {}
+        assert server.service.counts["sessions_ended_failed"] == 1
