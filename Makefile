@@ -66,6 +66,9 @@ bench: setup
 	$(PY) benchmarks/async_vs_sync.py
 	$(PY) benchmarks/weight_sync.py
 	$(PY) benchmarks/rm_server.py
+	$(PY) benchmarks/env_service.py
+	$(PY) benchmarks/wire_transport.py
+	$(PY) benchmarks/sandbox_claims.py
 
 clean:
 	rm -rf $(VENV) .venv-vllm runs .pytest_cache .ruff_cache
