@@ -220,7 +220,6 @@ def test_reward_needs_exactly_one_source(rm_dir):
 def test_cli_serve_rm(rm_dir, tmp_path, capsys):
     import subprocess
     import sys
-    import time
 
     from temper.cli.main import main as cli_main
 
@@ -233,18 +232,17 @@ def test_cli_serve_rm(rm_dir, tmp_path, capsys):
     cmd = [sys.executable, "-m", "temper.cli.main", "serve-rm", str(rm_dir), "--port", str(port)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 600  # a generous cap: a loaded machine starts slowly
-        while True:
-            try:
-                reply = httpx.post(
-                    f"http://127.0.0.1:{port}/score",
-                    json={"pairs": [{"prompt": "a", "response": "b"}]},
-                    timeout=5,
-                )
+        # The URL line comes once the port accepts connections: connect at once, no retry.
+        for line in proc.stdout:  # uvicorn's log lines (stderr) come here too
+            if line.startswith("temper serve-rm:"):
                 break
-            except httpx.TransportError:
-                assert proc.poll() is None and time.monotonic() < deadline
-                time.sleep(0.2)
+        assert f"at http://127.0.0.1:{port}/score" in line, line
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        reply = httpx.post(
+            f"http://127.0.0.1:{port}/score",
+            json={"pairs": [{"prompt": "a", "response": "b"}]},
+            timeout=30,
+        )
         assert reply.status_code == 200 and len(reply.json()["scores"]) == 1
     finally:
         proc.terminate()

@@ -259,6 +259,11 @@ def _add_server_parsers(sub: Any) -> None:
     sv.add_argument(
         "--served-model-name", default=None, help="model id clients send (default: --model)"
     )
+    sv.add_argument(
+        "--allowed-image-dir",
+        metavar="DIR",
+        help="requests may name image files in DIR (default: image data URLs only)",
+    )
     _add_limit_flags(sv)
     rm = sub.add_parser("serve-rm", help="serve a reward model (POST /score) with dynamic batching")
     rm.add_argument(

@@ -4,6 +4,7 @@ model) and serve it until Ctrl-C."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from temper.builder.engines import build_engine
 from temper.builder.model import load_run_model
@@ -11,11 +12,21 @@ from temper.config import config_from_dict
 from temper.errors import ConfigError
 from temper.serve.limits import HTTPLimits, uvicorn_config
 from temper.serve.openai_server import create_app
-from temper.serve.runner import _bind
+from temper.serve.runner import _bind, run_announced
 
 
 def _limits(args: argparse.Namespace) -> HTTPLimits:
     return HTTPLimits.from_flags(args.max_body_mb, args.header_timeout_s, args.body_timeout_s)
+
+
+def _image_dir(path: str | None) -> Path | None:
+    """The ``--allowed-image-dir`` folder, checked at startup rather than per request."""
+    if path is None:
+        return None
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        raise ConfigError(f"--allowed-image-dir {path!r} is not a directory")
+    return folder
 
 
 def run_server(
@@ -26,13 +37,14 @@ def run_server(
     *,
     model_name: str | None = None,
     limits: HTTPLimits | None = None,
+    image_dir: Path | None = None,
 ) -> None:
     """Load ``model`` (a path or "tiny"), build the engine and serve until Ctrl-C.
 
-    The port is bound before the model loads, so a busy port fails at once.
+    The port is bound before the model loads, so a busy port fails at once; the
+    URL is printed once the port accepts connections. Requests may name image
+    files only inside ``image_dir`` (none: data URLs only).
     """
-    import uvicorn
-
     sock = _bind(host, port)
     try:
         cfg = config_from_dict({"model": {"path": model}, "engine": {"type": engine_type}})
@@ -44,12 +56,22 @@ def run_server(
     tokenizer, vision = run_model.tokenizer, run_model.vision
     name = model_name or model
     limits = limits or HTTPLimits()
-    app = create_app(engine, tokenizer, name, close_engine=True, limits=limits, vision=vision)
-    bound = sock.getsockname()[1]
-    print(f"temper serve: {name} ({engine_type} engine) at http://{host}:{bound}/v1", flush=True)
+    app = create_app(
+        engine,
+        tokenizer,
+        name,
+        close_engine=True,
+        limits=limits,
+        vision=vision,
+        image_dir=image_dir,
+    )
+    url = f"http://{host}:{sock.getsockname()[1]}/v1"
     config = uvicorn_config(app, limits, log_level="info", timeout_graceful_shutdown=5)
-    server = uvicorn.Server(config)
-    server.run(sockets=[sock])
+    server = run_announced(
+        config,
+        sock,
+        lambda: print(f"temper serve: {name} ({engine_type} engine) at {url}", flush=True),
+    )
     if server.should_exit:
         # A shutdown signal (Ctrl-C, SIGTERM) stopped it. uvicorn re-raises the
         # signal only when its handler saw it; report an interrupt either way.
@@ -66,6 +88,7 @@ def cmd_serve(args: argparse.Namespace, overrides: list[str]) -> int:
         args.port,
         model_name=args.served_model_name,
         limits=_limits(args),
+        image_dir=_image_dir(args.allowed_image_dir),
     )
     return 0
 

@@ -14,6 +14,12 @@ alternatives, presence/frequency penalties, and grammar-constrained output
 (`temper.serve.grammar`) for ``response_format`` json_object / json_schema and
 a forced ``tool_choice``. Not supported: logit bias, authentication (any
 api_key is accepted).
+
+Image content parts (a vision-language model) are data URLs; a path or
+``file:`` URL is a 400 unless the server was given an allowed image folder
+(``image_dir``, ``temper serve --allowed-image-dir``), and then only a regular
+file inside it is read, off the event loop
+(`temper.vision.images.UntrustedImages`).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -50,7 +57,7 @@ from temper.serve.grammar import Grammars
 from temper.serve.limits import CLOSE, BodyError, HTTPLimits, read_body
 from temper.serve.protocol import APIError
 from temper.serve.streaming import Chunks, chat_events, completion_events, merged, whole
-from temper.vision.images import Image, ImageError
+from temper.vision.images import Image, ImageError, UntrustedImages
 from temper.vision.prompting import PromptImages
 
 log = logging.getLogger(__name__)
@@ -63,14 +70,20 @@ class OpenAIServer:
     """The request handlers: validation, rendering, generation, response building."""
 
     def __init__(
-        self, engine: Engine, tokenizer: Any, model_name: str, vision: Any | None = None
+        self,
+        engine: Engine,
+        tokenizer: Any,
+        model_name: str,
+        vision: Any | None = None,
+        image_dir: Path | None = None,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         # Image content parts are taken when the model has an image processor and
-        # the engine takes images (`temper.vision`).
+        # the engine takes images (`temper.vision`); None refuses them.
         takes_images = vision is not None and engine.abilities.images
         self.images = PromptImages(vision if takes_images else None)
+        self.untrusted = UntrustedImages(image_dir) if takes_images else None
         self.model_name = model_name
         self.created = int(time.time())
         # A text longer than this has at least max_context tokens: refused untokenized.
@@ -274,6 +287,13 @@ class OpenAIServer:
         ]
         return message, ("tool_calls" if finish == "stop" else finish)
 
+    async def _messages(self, req: P.ChatRequest) -> list[dict[str, Any]]:
+        if self.untrusted is None:  # text only: nothing slow to do
+            return P.chat_messages(req)
+        # Off the loop: decoding a picture (or reading one from the allowed
+        # folder) must not stall /health and every other request meanwhile.
+        return await asyncio.to_thread(P.chat_messages, req, self.untrusted)
+
     # ------------------------------------------------------------------ endpoints
     def _constraint(
         self, req: P.ChatRequest, tools: list[dict[str, Any]] | None
@@ -295,7 +315,7 @@ class OpenAIServer:
     async def chat(self, raw: bytes) -> dict[str, Any] | StreamingResponse:
         req: P.ChatRequest = P.parse_body(raw, P.ChatRequest)
         self._check_model(req.model)
-        messages = P.chat_messages(req, images=self.images.processor is not None)
+        messages = await self._messages(req)
         tools = P.chat_tools(req)
         want_logprobs, top = P.check_chat_logprobs(req)
         usage_chunk = P.include_usage(req)
@@ -458,16 +478,18 @@ def create_app(
     close_engine: bool = False,
     limits: HTTPLimits | None = None,
     vision: Any | None = None,
+    image_dir: Path | None = None,
 ) -> FastAPI:
     """The FastAPI app serving ``engine`` as ``model_name``; ``vision`` (a VLM's
-    `VisionProcessor`) lets chat messages carry image content parts.
+    `VisionProcessor`) lets chat messages carry image content parts: data URLs,
+    and paths or ``file:`` URLs of regular files inside ``image_dir`` if given.
 
     With ``close_engine`` the app awaits ``engine.close()`` at shutdown (on
     the server's loop, where the engine ran). Request bodies obey ``limits``
     (size: 413, time: 408; see `temper.serve.limits`). Errors are OpenAI-style
     JSON: 4xx for bad requests, 500 (logged with its traceback) for server bugs.
     """
-    server = OpenAIServer(engine, tokenizer, model_name, vision)
+    server = OpenAIServer(engine, tokenizer, model_name, vision, image_dir)
     limits = limits or HTTPLimits()
 
     @contextlib.asynccontextmanager

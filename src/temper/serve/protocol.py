@@ -8,7 +8,10 @@ rendering, no generation and no HTTP; `temper.serve.openai_server` does.
 Unsupported OpenAI features are refused loudly (400 naming the parameter)
 rather than ignored: `logit_bias`, `echo`, `suffix`, `best_of` > n and
 image content parts unless the model is a vision-language model. Numbers must
-be finite and in OpenAI's ranges.
+be finite and in OpenAI's ranges. Fields are typed strictly: ``"n": "2"`` or
+``"stream": "yes"`` is a 400 naming the field, not a value guessed at. Images
+come as data URLs only, or from the operator's allowed folder
+(`temper.vision.images.UntrustedImages`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from temper import safe_json
 from temper.engine.base import SamplingParams
-from temper.vision.images import ImageError, content_parts
+from temper.vision.images import ImageError, UntrustedImages, content_parts
 
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -56,9 +59,13 @@ class APIError(Exception):
 
 
 class _Request(BaseModel):
-    """Fields shared by chat and text completions. Unknown fields are ignored."""
+    """Fields shared by chat and text completions. Unknown fields are ignored.
 
-    model_config = ConfigDict(extra="ignore")
+    Strict: no coercion ("2" is not 2, "yes" is not true), so a client's
+    mistake is a 400 naming the field instead of a request it did not mean.
+    """
+
+    model_config = ConfigDict(extra="ignore", strict=True)
 
     model: str
     n: int = 1
@@ -199,9 +206,12 @@ def sampling_params(
     )
 
 
-def _text_content(content: Any, where: str, images: bool = False) -> str | list | None:
+def _text_content(
+    content: Any, where: str, images: UntrustedImages | None = None
+) -> str | list | None:
     """Message content as one string (a string, or a list of text parts joined), or,
-    when ``images`` is allowed and the parts hold images, as canonical content parts."""
+    when ``images`` is given and the parts hold images, as canonical content parts
+    (each image loaded under ``images``' rules)."""
     if content is None or isinstance(content, str):
         return content
     if isinstance(content, list):
@@ -227,7 +237,7 @@ def _text_content(content: Any, where: str, images: bool = False) -> str | list 
         if not has_image:
             return "".join(parts)
         try:
-            return content_parts(content)
+            return content_parts(content, images)
         except ImageError as exc:
             raise APIError(f"{where}: {exc}", param=where) from None
     raise APIError(f"{where} must be a string or a list of content parts", param=where)
@@ -247,13 +257,14 @@ def _check_tool_calls(calls: Any, where: str) -> list[dict[str, Any]]:
     return calls
 
 
-def chat_messages(req: ChatRequest, images: bool = False) -> list[dict[str, Any]]:
+def chat_messages(req: ChatRequest, images: UntrustedImages | None = None) -> list[dict[str, Any]]:
     """The request's messages normalised for the chat template.
 
     "developer" becomes "system"; text-part lists become strings; with
     ``images`` (a vision-language model), parts holding images stay parts, each
-    image decoded (`temper.vision.content_parts`); an assistant message may
-    have no content when it has tool calls.
+    image decoded under ``images``' rules (`temper.vision.content_parts`), which
+    may read a file: call it off the event loop. An assistant message may have
+    no content when it has tool calls.
     """
     if not req.messages:
         raise APIError("messages must be a non-empty list", param="messages")

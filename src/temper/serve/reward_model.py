@@ -192,10 +192,9 @@ def run_rm_server(
     max_queue: int = 1024,
     limits: HTTPLimits | None = None,
 ) -> None:
-    """``temper serve-rm``: load ``model`` and serve it until Ctrl-C."""
-    import uvicorn
-
-    from temper.serve.runner import _bind
+    """``temper serve-rm``: load ``model`` and serve it until Ctrl-C; the URL is
+    printed once the port accepts connections."""
+    from temper.serve.runner import _bind, run_announced
 
     if max_batch_size < 1 or max_queue < 1 or max_wait_ms < 0:
         raise TemperError("need --max-batch-size >= 1, --max-queue >= 1 and --max-wait-ms >= 0")
@@ -208,13 +207,13 @@ def run_rm_server(
     batcher = RewardModelBatcher(
         *loaded, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms, max_queue=max_queue
     )
-    bound = sock.getsockname()[1]
-    print(f"temper serve-rm: {model} at http://{host}:{bound}/score", flush=True)
+    url = f"http://{host}:{sock.getsockname()[1]}/score"
     limits = limits or HTTPLimits()
     config = uvicorn_config(
         create_app(batcher, model, limits), limits, log_level="info", timeout_graceful_shutdown=5
     )
-    server = uvicorn.Server(config)
-    server.run(sockets=[sock])
+    server = run_announced(
+        config, sock, lambda: print(f"temper serve-rm: {model} at {url}", flush=True)
+    )
     if server.should_exit:
         raise KeyboardInterrupt

@@ -7,7 +7,9 @@ engine is driven from that loop only: the native engine runs on one event
 loop at a time, so do not call the same engine from another running loop
 while the server is up (after `stop()` it can be used elsewhere again).
 The blocking entry point of `temper serve` is `temper.cli.serve.run_server`,
-which builds the engine from config (`temper.builder`) and binds the port here.
+which builds the engine from config (`temper.builder`), binds the port here and
+runs uvicorn with `run_announced`: the URL is printed once the port accepts
+connections, so a client that starts on that line is not refused.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ import asyncio
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from temper.engine.base import Engine
@@ -74,6 +78,26 @@ def _bind(host: str, port: int) -> socket.socket:
         sock.close()
         raise TemperError(f"cannot listen on {host}:{port}: {exc}") from None
     return sock
+
+
+def run_announced(config: Any, sock: socket.socket, announce: Callable[[], None]) -> Any:
+    """Run uvicorn with ``config`` on the bound ``sock`` in this thread until it exits.
+
+    ``announce()`` runs once uvicorn listens, not before: until then a client
+    that connects on the announcement is refused. Returns the uvicorn server
+    (its ``should_exit`` says whether a signal stopped it).
+    """
+    import uvicorn
+
+    class Announcing(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:  # a failed startup exits instead, and says why
+                announce()
+
+    server = Announcing(config)
+    server.run(sockets=[sock])
+    return server
 
 
 def serve_app_in_thread(
@@ -137,6 +161,7 @@ def start_server(
     close_engine: bool = False,
     limits: HTTPLimits | None = None,
     vision: Any | None = None,
+    image_dir: Path | None = None,
 ) -> ServerHandle:
     """Serve ``engine`` on ``host:port`` (0 = a free port) from a background thread.
 
@@ -144,8 +169,15 @@ def start_server(
     server's event loop; with ``close_engine`` it is closed when the server
     stops, otherwise the caller keeps it (and may use it again after `stop()`).
     ``limits``: body size and read timeouts (`temper.serve.limits.HTTPLimits`).
+    ``image_dir``: the folder image paths in requests may name (none: data URLs only).
     """
     app = create_app(
-        engine, tokenizer, model_name, close_engine=close_engine, limits=limits, vision=vision
+        engine,
+        tokenizer,
+        model_name,
+        close_engine=close_engine,
+        limits=limits,
+        vision=vision,
+        image_dir=image_dir,
     )
     return serve_app_in_thread(app, host, port, limits=limits)

@@ -20,6 +20,11 @@ Accepted forms (`load_image`):
 Remote ``http(s)://`` URLs are refused: a run must be hermetic, so a dataset
 that needs the network is a dataset that breaks mid-run.
 
+`load_image` trusts its caller: a dataset names image files on this machine.
+Input from outside (a server's requests) goes through `UntrustedImages`
+instead: data URLs only, and a path or ``file:`` URL only when it names a
+regular file inside one folder the operator allowed.
+
 Content parts (`content_parts`): ``{"type": "text", "text": ...}``,
 ``{"type": "image", "image": <any form above>}`` and OpenAI's
 ``{"type": "image_url", "image_url": {"url": ...}}`` all normalise to text
@@ -32,15 +37,22 @@ import base64
 import binascii
 import hashlib
 import io
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 from temper.errors import DataError
 
 #: Images larger than this many pixels are refused (a 4096 x 4096 screenshot
 #: is 16.8 M); a decompression bomb would otherwise fill memory.
 MAX_PIXELS = 4096 * 4096
+
+#: Largest image file `UntrustedImages` reads from its allowed folder: well above
+#: any PNG of `MAX_PIXELS`, far below what would strain the server's memory.
+MAX_FILE_BYTES = 20 * 2**20
 
 
 class ImageError(DataError):
@@ -145,7 +157,78 @@ def load_image(value: Any) -> Image:
     raise ImageError(f"cannot read an image from a {type(value).__name__}")
 
 
-def _part(part: Any) -> dict[str, Any]:
+# The same words whether a path exists or not, is a FIFO, a device or a symlink out:
+# a refusal must not let a client map the server's file system.
+_NO_FILES = "image must be a data:image/<format>;base64 URL (this server reads no image files)"
+_NOT_ALLOWED = "image path names no readable image file in the server's allowed image folder"
+
+
+@dataclass(frozen=True)
+class UntrustedImages:
+    """How input from outside (a server's requests) may name an image.
+
+    A ``data:`` URL always; a path or ``file:`` URL only with ``allowed_dir``,
+    and then only a regular file of at most ``max_bytes`` that resolves inside
+    that folder (no symlink out, no FIFO or device, which would block or never
+    end). Reads block: call `load` off an event loop.
+    """
+
+    allowed_dir: Path | None = None
+    max_bytes: int = MAX_FILE_BYTES
+
+    def __post_init__(self) -> None:
+        if self.allowed_dir is not None:  # resolved once: containment compares real paths
+            object.__setattr__(self, "allowed_dir", Path(self.allowed_dir).resolve())
+
+    def load(self, value: Any) -> Image:
+        """The `Image` a request names by ``value`` (a string); `ImageError` otherwise."""
+        if not isinstance(value, str):
+            raise ImageError(f"image must be a data: URL string, not {type(value).__name__}")
+        if value.startswith("data:"):
+            return _from_data_url(value)
+        if value.startswith(("http://", "https://")):
+            raise ImageError(
+                f"remote image URL {value[:60]!r} refused: the server fetches nothing "
+                "(runs are hermetic); send a data: URL"
+            )
+        if self.allowed_dir is None:
+            raise ImageError(_NO_FILES)
+        return _decode(self._read(value), "image file")
+
+    def _read(self, value: str) -> bytes:
+        assert self.allowed_dir is not None
+        try:
+            real = os.path.realpath(self.allowed_dir / _local_path(value))
+            if not Path(real).is_relative_to(self.allowed_dir):
+                raise ImageError(_NOT_ALLOWED)
+            # O_NONBLOCK: opening a FIFO must not wait for a writer (fstat refuses it next).
+            fd = os.open(real, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except (OSError, ValueError):  # missing, unreadable, NUL byte, name too long
+            raise ImageError(_NOT_ALLOWED) from None
+        with os.fdopen(fd, "rb") as f:
+            info = os.fstat(f.fileno())
+            if not stat.S_ISREG(info.st_mode):
+                raise ImageError(_NOT_ALLOWED)
+            too_big = ImageError(f"image file is larger than {self.max_bytes} bytes")
+            if info.st_size > self.max_bytes:
+                raise too_big
+            data = f.read(self.max_bytes + 1)  # +1: a file that grew since fstat
+        if len(data) > self.max_bytes:
+            raise too_big
+        return data
+
+
+def _local_path(value: str) -> str:
+    """The path a string or ``file:`` URL names (relative ones are under the folder)."""
+    if not value.startswith("file:"):
+        return value
+    url = urlsplit(value)
+    if url.netloc not in ("", "localhost"):
+        raise ImageError(_NOT_ALLOWED)
+    return unquote(url.path)
+
+
+def _part(part: Any, untrusted: UntrustedImages | None = None) -> dict[str, Any]:
     if not isinstance(part, dict):
         raise ImageError(f"content part must be an object, got {type(part).__name__}")
     kind = part.get("type")
@@ -156,22 +239,27 @@ def _part(part: Any) -> dict[str, Any]:
     if kind == "image":
         if "image" not in part:
             raise ImageError("image content part needs an 'image'")
-        return {"type": "image", "image": load_image(part["image"])}
+        load = untrusted.load if untrusted else load_image
+        return {"type": "image", "image": load(part["image"])}
     if kind == "image_url":
         spec = part.get("image_url")
         url = spec.get("url") if isinstance(spec, dict) else spec
         if not isinstance(url, str):
             raise ImageError("image_url content part needs image_url.url")
-        return {"type": "image", "image": _from_string(url)}
+        return {"type": "image", "image": untrusted.load(url) if untrusted else _from_string(url)}
     raise ImageError(f"unknown content part type {kind!r} (expected text, image or image_url)")
 
 
-def content_parts(content: Any) -> list[dict[str, Any]]:
-    """``content`` as canonical parts: text parts and image parts holding an `Image`."""
+def content_parts(content: Any, untrusted: UntrustedImages | None = None) -> list[dict[str, Any]]:
+    """``content`` as canonical parts: text parts and image parts holding an `Image`.
+
+    With ``untrusted`` (content from outside), images load under its rules
+    instead of `load_image`'s.
+    """
     if isinstance(content, str):
         return [{"type": "text", "text": content}]
     if isinstance(content, list):
-        return [_part(p) for p in content]
+        return [_part(p, untrusted) for p in content]
     raise ImageError(f"message content must be a string or a list of parts, not {content!r:.60}")
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import re
+import stat
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,6 +85,21 @@ class ImageHashError(ValueError):
     """An image name that is not a SHA-256 in lowercase hex (HTTP 400)."""
 
 
+class UnsafeFileError(ValueError):
+    """A run file that is not a regular file inside its run directory, e.g. a symlink
+    planted in ``images/`` pointing at /etc/passwd (HTTP 400)."""
+
+
+#: Longest run name, in UTF-8 bytes: a folder name cannot be longer (NAME_MAX), and
+#: a longer one would reach the file system only to fail there with a 500.
+MAX_RUN_NAME_BYTES = 255
+
+
+def _shown(text: str, limit: int = 60) -> str:
+    """``text`` for an error message: quoted and cut, so a huge name gives a short line."""
+    return repr(text[:limit]) + ("..." if len(text) > limit else "")
+
+
 def check_image_hash(sha256: str) -> str:
     """Return `sha256` if it is 64 lowercase hex digits; raise ImageHashError otherwise.
 
@@ -109,14 +125,20 @@ def check_run_name(name: str) -> str:
 
     Names come from URLs, so anything that could leave RUNS_DIR is refused
     before the file system is touched: separators (so absolute paths too),
-    `.`/`..`, NUL bytes and hidden names.
+    `.`/`..`, NUL and other control characters, hidden names and names longer
+    than a folder name can be.
     """
+    shown = _shown(name)
+    if len(name.encode("utf-8", "surrogatepass")) > MAX_RUN_NAME_BYTES:
+        raise RunNameError(f"run name {shown} is longer than {MAX_RUN_NAME_BYTES} bytes")
     if not name or name.strip() != name:
-        raise RunNameError(f"run name {name!r} is empty or has surrounding whitespace")
-    if "/" in name or "\\" in name or "\x00" in name:
-        raise RunNameError(f"run name {name!r} must be a single directory name (no / \\ or NUL)")
+        raise RunNameError(f"run name {shown} is empty or has surrounding whitespace")
+    if "/" in name or "\\" in name:
+        raise RunNameError(f"run name {shown} must be a single directory name (no / or \\)")
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise RunNameError(f"run name {shown} must not hold control characters (NUL, newline...)")
     if name.startswith("."):
-        raise RunNameError(f"run name {name!r} must not start with '.' ('..' would leave RUNS_DIR)")
+        raise RunNameError(f"run name {shown} must not start with '.' ('..' would leave RUNS_DIR)")
     return name
 
 
@@ -291,10 +313,11 @@ class RunsRoot:
     def image_file(self, name: str, sha256: str) -> Path:
         """The stored PNG of one image of the run (`temper.vision.ImageStore` layout);
         ImageHashError for a malformed hash, RunNotFoundError when the run lacks it."""
-        path = ImageStore(self.run_path(name) / "images").path(check_image_hash(sha256))
+        run = self.run_path(name)
+        path = ImageStore(run / "images").path(check_image_hash(sha256))
         if not path.is_file():
             raise RunNotFoundError(f"run {name!r} has no image {sha256}")
-        return path
+        return regular_file_inside(path, run)
 
     def evals(self, name: str) -> list[dict[str, Any]]:
         """The run's held-out evaluations (`eval/step_N.json`), by step."""
@@ -308,6 +331,20 @@ class RunsRoot:
             if isinstance(result, dict):
                 out.append({**result, "step": result.get("step", step)})
         return out
+
+
+def regular_file_inside(path: Path, folder: Path) -> Path:
+    """``path`` with its symlinks resolved, if that is a regular file inside ``folder``;
+    UnsafeFileError otherwise. Served files come from here: a symlink planted in a
+    run must not hand out what it points at, nor a FIFO hang the request."""
+    try:
+        real = path.resolve()
+        info = real.stat()
+    except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python 3.11)
+        raise UnsafeFileError(f"{path.name} cannot be read") from None
+    if not real.is_relative_to(folder.resolve()) or not stat.S_ISREG(info.st_mode):
+        raise UnsafeFileError(f"{path.name} is not a regular file inside its run directory")
+    return real
 
 
 def is_run_dir(path: Path) -> bool:

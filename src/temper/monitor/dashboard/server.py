@@ -18,7 +18,12 @@ anything else is a 400, a missing run or step a 404, both with `detail`):
     /api/runs/{name}/trajectories/{step}  sample views (turns, tool calls, tokens, images)
         ?min_reward=&max_reward=&category=&correct=&decode=true&offset=0&limit=200
     /api/runs/{name}/images/{sha256}      one stored image (PNG) of a vision run; a hash
-                                          that is not 64 lowercase hex digits is a 400
+                                          that is not 64 lowercase hex digits is a 400,
+                                          and so is a file that is not a regular file
+                                          inside the run (a symlink out, a FIFO)
+
+Run names longer than 255 bytes or holding control characters are 400s too;
+error messages quote at most a short prefix of what the client sent.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from temper.monitor.dashboard.runs import (
     RunNameError,
     RunNotFoundError,
     RunsRoot,
+    UnsafeFileError,
     check_run_name,
     with_levels,
 )
@@ -73,6 +79,11 @@ class SafeJSONResponse(JSONResponse):
 
     def render(self, content: Any) -> bytes:
         return json.dumps(_finite(content), separators=(",", ":")).encode()
+
+
+def _cut(path: str, limit: int = 100) -> str:
+    """A request path for an error message: a 5,000-character one must not come back whole."""
+    return path if len(path) <= limit else path[:limit] + "..."
 
 
 def allowed_hosts(host: str) -> list[str]:
@@ -114,6 +125,10 @@ def create_app(
     async def _bad_hash(_: Request, exc: ImageHashError) -> Response:
         return SafeJSONResponse({"detail": str(exc)}, status_code=400)
 
+    @app.exception_handler(UnsafeFileError)
+    async def _unsafe_file(_: Request, exc: UnsafeFileError) -> Response:
+        return SafeJSONResponse({"detail": str(exc)}, status_code=400)
+
     @app.exception_handler(RunNotFoundError)
     async def _missing(_: Request, exc: RunNotFoundError) -> Response:
         return SafeJSONResponse({"detail": str(exc)}, status_code=404)
@@ -123,7 +138,7 @@ def create_app(
         # Unmatched paths (e.g. a name holding "/" after URL decoding) say which path.
         detail = exc.detail
         if exc.status_code == 404 and detail == "Not Found":
-            detail = f"no such page or API endpoint: {request.url.path}"
+            detail = f"no such page or API endpoint: {_cut(request.url.path)}"
         return SafeJSONResponse({"detail": detail}, status_code=exc.status_code)
 
     def image_links(name: str, run_dir: Path) -> ImageLinks:
@@ -223,10 +238,10 @@ def create_app(
             )
         if rest.startswith("/") or ".." in parts or "\\" in rest:
             raise RunNameError(
-                f"run name in {'/api/runs/' + rest!r} must be a single directory name "
+                f"run name in {_cut('/api/runs/' + rest)!r} must be a single directory name "
                 "under RUNS_DIR (no '..', no absolute paths)"
             )
-        raise HTTPException(404, f"no such API endpoint: /api/runs/{rest}")
+        raise HTTPException(404, f"no such API endpoint: {_cut('/api/runs/' + rest)}")
 
     @app.get("/", include_in_schema=False)
     def index() -> FileResponse:
@@ -304,20 +319,31 @@ def serve(
     port: int = 8765,
     announce: Callable[[str], None] | None = None,
 ) -> None:
-    """Run the dashboard in the foreground until Ctrl-C; `announce(url)` once bound.
+    """Run the dashboard in the foreground until Ctrl-C; `announce(url)` once the
+    port accepts connections (before that, a browser opened on it is refused).
 
     Raises OSError (port in use, bad host) before anything is served.
     """
     sock = _bind(host, port)
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(runs_dir, hosts=allowed_hosts(host)), log_level="warning", access_log=False
-        )
+    shown = f"[{host}]" if ":" in host else host
+    url = f"http://{shown}:{sock.getsockname()[1]}"
+    config = uvicorn.Config(
+        create_app(runs_dir, hosts=allowed_hosts(host)), log_level="warning", access_log=False
     )
-    if announce is not None:
-        shown = f"[{host}]" if ":" in host else host
-        announce(f"http://{shown}:{sock.getsockname()[1]}")
-    server.run(sockets=[sock])
+    _AnnouncingServer(config, lambda: announce(url) if announce else None).run(sockets=[sock])
+
+
+class _AnnouncingServer(uvicorn.Server):
+    """A uvicorn server that calls ``on_started()`` once it listens."""
+
+    def __init__(self, config: uvicorn.Config, on_started: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_started = on_started
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started:  # a failed startup exits instead, and says why
+            self._on_started()
 
 
 def _bind(host: str, port: int) -> socket.socket:
