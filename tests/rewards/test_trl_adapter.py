@@ -174,7 +174,7 @@ def test_exceptions_and_bad_shapes_are_recorded_per_sample():
     assert [r.error for r in out] == ["reward function 'broken' raised KeyError: 'missing'"] * 2
 
     [short] = asyncio.run(TRLRewardFunction(lambda **kw: [], name="short").score([text_item("a")]))
-    assert short.error == "reward function 'short' returned 0 values for 1 completion(s)"
+    assert short.error == "reward function 'short' returned 0 values for 1 completion"
     [scalar] = asyncio.run(TRLRewardFunction(lambda **kw: 1.0, name="n").score([text_item("a")]))
     assert scalar.error == "reward function 'n' must return a list of floats, got float"
 

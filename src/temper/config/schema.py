@@ -152,8 +152,22 @@ class LogConfig(_Section):
 
 
 class CheckpointConfig(_Section):
-    every: int = Field(0, ge=0, description="Checkpoint every N steps (0 = only at the end).")
-    keep: int = Field(2, ge=1, description="Checkpoints kept on disk.")
+    every: int = Field(0, ge=0, description="Checkpoint every N steps (0 = by time only).")
+    # On by default: a run killed mid-way (SIGKILL, OOM, a lost node) has something
+    # to resume from without anyone having chosen a step cadence.
+    every_minutes: float = Field(
+        10.0,
+        ge=0,
+        description="Also checkpoint after a step once this many minutes have passed since "
+        "the last checkpoint (or the start); 0 = off.",
+    )
+    keep: int = Field(2, ge=1, description="Latest checkpoints kept on disk.")
+    keep_best: bool = Field(
+        True,
+        description="Checkpoint a mid-run eval step whose held-out accuracy is the best so far "
+        "(the final eval's step when at_end wrote one), and keep it beyond keep "
+        "(checkpoints/best.json names it).",
+    )
     at_end: bool = Field(True, description="Checkpoint after the last step.")
 
 

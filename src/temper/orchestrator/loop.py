@@ -61,7 +61,14 @@ from temper.orchestrator.stage_model import format_plan
 from temper.records import Trajectory
 from temper.rollout.multi_turn import episode_stats
 from temper.rollout.single_turn import check_prompt_fits
-from temper.trainer.checkpoint import load_checkpoint_state, save_checkpoint, set_rng_state
+from temper.trainer.checkpoint import (
+    Cadence,
+    best_checkpoint,
+    load_checkpoint_state,
+    mark_best,
+    save_checkpoint,
+    set_rng_state,
+)
 
 #: A step of any kind: `RLStep`, `SFTSteps` or `RFTRounds`.
 Steps = RLStep | SFTSteps | RFTRounds
@@ -119,6 +126,7 @@ class Orchestrator:
         self.guard = RunGuard(cfg, self.health, self.events)
         self._last_trajs: list[Trajectory] = []
         self._checkpointed = -1
+        self.cadence = Cadence(cfg.checkpoint.every, cfg.checkpoint.every_minutes)
         self.async_rollouts: AsyncRollouts | None = None
         # What each step records as placement/*; "auto" changes it (temper.orchestrator.
         # auto_placement), "fixed" keeps the configured one.
@@ -206,6 +214,7 @@ class Orchestrator:
         if self._checkpointed == step:
             return
         self._checkpointed = step
+        self.cadence.restart()  # any checkpoint restarts the wall-time clock
         t = self.trainer
         # What a checkpoint saves beside the weights: the tokenizer, or a VLM's whole
         # processor (tokenizer, image processor, chat template) so it loads as a VLM.
@@ -225,6 +234,20 @@ class Orchestrator:
             keep=self.cfg.checkpoint.keep,
             write_extra=t.write_sharded_state if t.abilities.sharded_state else None,
         )
+
+    def _keep_if_best(self, step: int, result: dict[str, Any], write: bool = True) -> None:
+        """checkpoint.keep_best: checkpoint ``step`` (unless not ``write``) when its eval's
+        held-out accuracy beats the best marked so far, and keep it beyond checkpoint.keep."""
+        c, accuracy = self.cfg.checkpoint, result.get("accuracy")
+        if not c.keep_best or accuracy is None or step == 0:
+            return
+        best = best_checkpoint(self.run_dir.checkpoints)  # a resumed run's best too
+        if best is not None and accuracy <= best.get("accuracy", -1.0):
+            return
+        if write:
+            self.checkpoint(step)
+        if self._checkpointed == step:
+            mark_best(self.run_dir.checkpoints, step, float(accuracy), c.keep)
 
     def _restore(self, ckpt: Path) -> None:
         state, trainer_state, rng = load_checkpoint_state(ckpt)
@@ -253,6 +276,7 @@ class Orchestrator:
             if cfg.eval.at_start and self.start_step == 0:
                 last_eval = await self._first_eval(progress)
             step = self.start_step
+            self.cadence.restart()  # wall time counts training, not loading or the first eval
             if cfg.orchestrator.max_staleness:
                 self._start_async(cfg.orchestrator.max_staleness, self.start_step + 1)
             try:
@@ -271,6 +295,7 @@ class Orchestrator:
             if cfg.eval.at_end and step > self.start_step:
                 last_eval = await self.evaluate(step)
                 progress.log(_eval_line(step, last_eval))
+                self._keep_if_best(step, last_eval, write=False)  # at_end wrote it, or not
         write_report(self.run_dir.path)
         return last_eval
 
@@ -338,9 +363,10 @@ class Orchestrator:
                 last_eval = await self.evaluate(step)
                 progress.log(_eval_line(step, last_eval))
                 alerts += self.health.observe_eval(step, last_eval.get("accuracy", 0.0))
+                self._keep_if_best(step, last_eval)
             if self._raise_alerts(alerts, step, progress):
                 break
-            if cfg.checkpoint.every and step % cfg.checkpoint.every == 0:
+            if self.cadence.due(step):  # checkpoint.every steps, or every_minutes
                 self.checkpoint(step)
             if self.guard.interrupt.requested:  # Ctrl-C: stop here with a checkpoint
                 self.checkpoint(step)

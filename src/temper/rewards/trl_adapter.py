@@ -11,7 +11,7 @@ import inspect
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from temper.errors import TemperError
+from temper.errors import ConfigError, TemperError
 from temper.rewards.base import TRAINER_STATE, RewardDefaults, RewardInput, RewardResult, bad_score
 from temper.targets import load_target
 
@@ -43,7 +43,19 @@ def _accepted_names(fn: Callable[..., Any]) -> tuple[set[str] | None, set[str]]:
 
 
 class _BatchFailed(Exception):
-    """`fn` failed on a whole batch: it raised, or did not return one value per completion."""
+    """`fn` raised on a whole batch: one completion may be to blame, so each is retried."""
+
+
+class _ContractBroken(Exception):
+    """`fn` did not return one value per completion: a bug in `fn`, not in a completion.
+
+    Not retried one completion at a time: a function that returns ``[1.0]`` for any
+    batch would then pay every sample in full.
+    """
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 class TRLRewardFunction(RewardDefaults):
@@ -73,10 +85,12 @@ class TRLRewardFunction(RewardDefaults):
         `not_applicable` set, and a weighted sum leaves this function out of it;
       - NaN, inf or a non-number is an error on that completion only (`error` set,
         score `failure_score`).
-    When `fn` raises, or does not return one value per completion, on a batch, the
-    batch is scored again one completion at a time, so one bad completion never
-    costs the others their scores; a completion on which `fn` still fails gets the
-    error.
+    When `fn` raises on a batch, the batch is scored again one completion at a
+    time, so one bad completion never costs the others their scores; a completion
+    on which `fn` still fails gets the error. When `fn` returns something other
+    than one value per completion, every completion of the batch gets that error
+    ("returned 1 value for 128 completions"): it is not rescored.
+    `check_signature` refuses, before a run, a function that cannot take `completions`.
     """
 
     def __init__(
@@ -96,15 +110,16 @@ class TRLRewardFunction(RewardDefaults):
         self._accepts, self._requires = _accepted_names(fn)
 
     def check_signature(self, columns: Iterable[str]) -> None:
-        """Raise TemperError if `fn` cannot be called with what a run supplies.
+        """Raise ConfigError if `fn` cannot be called with what a run supplies.
 
         ``columns``: the dataset's column names. Checked at the start of a run, so
         a wrong signature fails before any generation or eval.
         """
+        self._check_takes_completions()
         available = set(SUPPLIED) | {c for c in columns if c not in _RESERVED}
         missing = self._requires - available
         if missing:
-            raise TemperError(
+            raise ConfigError(
                 f"reward function {self.name!r} needs argument(s) {sorted(missing)} that are not "
                 f"dataset columns (it can get: {sorted(available)})"
             )
@@ -116,10 +131,26 @@ class TRLRewardFunction(RewardDefaults):
         try:
             signature.bind(**dict.fromkeys(passed))
         except TypeError as exc:
-            raise TemperError(
+            raise ConfigError(
                 f"reward function {self.name!r} cannot be called as fn(prompts=..., "
                 f"completions=..., **columns): {exc}"
             ) from exc
+
+    def _check_takes_completions(self) -> None:
+        """Refuse a function without a `completions` parameter (nor **kwargs).
+
+        Such a function can be called (it gets only the columns it names) but never
+        sees what it should score: its rewards say nothing about the completions.
+        `prompts` is not required: arguments a function does not name are left out.
+        """
+        if self._accepts is None or "completions" in self._accepts:
+            return  # **kwargs, or no signature to read (a builtin)
+        raise ConfigError(
+            f"reward function {self.name!r}{inspect.signature(self.fn)} cannot accept "
+            "`completions`; "
+            "a reward function is called as fn(prompts=..., completions=..., **columns) "
+            "and must take `completions` by name or **kwargs"
+        )
 
     def arguments(self, inputs: list[RewardInput]) -> dict[str, Any]:
         """The keyword arguments `fn` is called with for this batch."""
@@ -160,6 +191,8 @@ class TRLRewardFunction(RewardDefaults):
             return []
         try:
             values = await self._call(inputs)
+        except _ContractBroken as broken:
+            return [self._failure(str(broken)) for _ in inputs]
         except _BatchFailed as failure:
             if len(inputs) == 1:
                 return [self._failure(str(failure))]
@@ -180,14 +213,14 @@ class TRLRewardFunction(RewardDefaults):
         if hasattr(out, "tolist"):  # numpy arrays, torch tensors
             out = out.tolist()
         if not isinstance(out, list | tuple):
-            raise _BatchFailed(
+            raise _ContractBroken(
                 f"reward function {self.name!r} must return a list of floats, "
                 f"got {type(out).__name__}"
             )
         if len(out) != len(inputs):
-            raise _BatchFailed(
-                f"reward function {self.name!r} returned {len(out)} values for "
-                f"{len(inputs)} completion(s)"
+            raise _ContractBroken(
+                f"reward function {self.name!r} returned {_plural(len(out), 'value')} for "
+                f"{_plural(len(inputs), 'completion')}"
             )
         return list(out)
 

@@ -16,9 +16,12 @@ A checkpoint is a directory `checkpoints/step_N/` holding:
 It is written to a temporary sibling (`.step_N.<random>`) and renamed into
 place, so a crash never leaves a half-written `step_N`; the next run in the
 directory removes such a leftover (`remove_partial_checkpoints`). Older
-checkpoints beyond `keep` are removed. A write that fails because the disk is
-full raises an OSError with errno ENOSPC, whatever library did the writing
-(torch's own message for it is "basic_ios::clear: iostream error").
+checkpoints beyond `keep` are removed, except the best held-out step that
+`checkpoints/best.json` names (`mark_best`). `Cadence` decides when the loop
+writes one: every N steps, and every M minutes of training (on by default, so a
+killed run can resume). A write that fails because the disk is full raises an
+OSError with errno ENOSPC, whatever library did the writing (torch's own message
+for it is "basic_ios::clear: iostream error").
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import os
 import random
 import shutil
 import tempfile
+import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +43,31 @@ import torch
 
 STATE_FILE = "state.json"
 DCP_DIR = "dcp"
+#: Names the best held-out step's checkpoint, which pruning keeps.
+BEST_FILE = "best.json"
+
+
+class Cadence:
+    """When the loop checkpoints after a step: every ``every`` steps (0: never by
+    steps) and once ``every_minutes`` have passed since the last checkpoint (0: never
+    by time). The clock starts at construction and on `restart`."""
+
+    def __init__(
+        self, every: int, every_minutes: float, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.every = every
+        self.period_s = every_minutes * 60.0
+        self.clock = clock
+        self.last = clock()
+
+    def due(self, step: int) -> bool:
+        by_steps = bool(self.every) and step % self.every == 0
+        return by_steps or (self.period_s > 0 and self.clock() - self.last >= self.period_s)
+
+    def restart(self) -> None:
+        """Count from now: training starts, or a checkpoint was written (by the cadence,
+        Ctrl-C, a health stop or keep_best)."""
+        self.last = self.clock()
 
 
 def _fsync_tree(path: Path) -> None:
@@ -98,9 +127,35 @@ def save_checkpoint(
         if full:  # torch and safetensors report a full disk in words of their own
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(final)) from err
         raise
-    for old in list_checkpoints(ckpt_root)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+    prune_checkpoints(ckpt_root, keep)
     return final
+
+
+def prune_checkpoints(ckpt_root: Path, keep: int) -> None:
+    """Remove all but the newest ``keep`` checkpoints and the best one (`mark_best`)."""
+    best = best_checkpoint(ckpt_root)
+    spared = None if best is None else f"step_{best['step']}"
+    for old in list_checkpoints(ckpt_root)[:-keep]:
+        if old.name != spared:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def best_checkpoint(ckpt_root: Path) -> dict[str, Any] | None:
+    """``{"step": N, "accuracy": a}`` of the best held-out step marked so far, or None."""
+    try:
+        best = json.loads((ckpt_root / BEST_FILE).read_text())
+    except (OSError, ValueError):
+        return None  # none marked yet (or a mark cut short: the next best rewrites it)
+    return best if isinstance(best, dict) and isinstance(best.get("step"), int) else None
+
+
+def mark_best(ckpt_root: Path, step: int, accuracy: float, keep: int) -> None:
+    """Name ``step_{step}`` the best held-out checkpoint (atomically); the one it
+    replaces is pruned unless it is among the newest ``keep``."""
+    tmp = ckpt_root / f".{BEST_FILE}.tmp"
+    tmp.write_text(json.dumps({"step": step, "accuracy": accuracy}))
+    os.replace(tmp, ckpt_root / BEST_FILE)
+    prune_checkpoints(ckpt_root, keep)
 
 
 def _is_enospc(err: BaseException) -> bool:
