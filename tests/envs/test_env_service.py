@@ -300,3 +300,25 @@ def test_an_oversized_image_ends_only_its_episode():
         assert asyncio.run(probe()) == ("observation_too_large", "ok")
         assert server.service.sessions == {}
         assert server.service.counts["sessions_ended_failed"] == 1
+
+
+def test_an_image_path_from_the_wire_is_refused_not_read():
+    with ServerThread(COUNTER, {}) as server:
+
+        async def probe() -> list[str]:
+            client = WireClient(server.url)
+            await client.call("hello", version=PROTOCOL_VERSION)
+            codes = []
+            for part in (
+                {"type": "image", "image": "/etc/hostname"},
+                {"type": "image_url", "image_url": {"url": "file:///etc/hostname"}},
+            ):
+                prompt = [{"role": "user", "content": [part]}]
+                with pytest.raises(WireError) as err:
+                    await client.call("open", task={"id": "t", "prompt": prompt})
+                codes.append(err.value.code)
+            await client.close()
+            return codes
+
+        assert asyncio.run(probe()) == ["bad_image", "bad_image"]
+        assert server.service.counts["sessions_opened"] == 0

@@ -311,6 +311,8 @@ def test_malformed_openenv_messages_get_error_replies_and_the_server_serves_on(m
                 await ask("early", json.dumps({"type": "step", "data": {"message": "x"}}))
                 await ask("seed", json.dumps({"type": "reset", "data": {"seed": "x"}}))
                 await ask("task", json.dumps({"type": "reset", "data": {"task": {"answer": 1}}}))
+                host = [{"role": "user", "content": [{"type": "image", "image": "/etc/hostname"}]}]
+                await ask("host_image", json.dumps({"type": "reset", "data": {"prompt": host}}))
                 await ask("reset", json.dumps({"type": "reset", "data": {}}))
                 await ask("field", json.dumps({"type": "step", "data": {"msg": "x"}}))
                 await ask("huge", json.dumps({"type": "step", "data": {"message": "x"}}))
@@ -325,13 +327,14 @@ def test_malformed_openenv_messages_get_error_replies_and_the_server_serves_on(m
         assert asyncio.run(probe()) == {
             "garbage": "INVALID_JSON", "bytes": "INVALID_JSON", "list": "VALIDATION_ERROR",
             "unknown": "UNKNOWN_TYPE", "mcp": "UNKNOWN_TYPE", "early": "EXECUTION_ERROR",
-            "seed": "VALIDATION_ERROR", "task": "VALIDATION_ERROR", "reset": "ok",
+            "seed": "VALIDATION_ERROR", "task": "VALIDATION_ERROR",
+            "host_image": "VALIDATION_ERROR", "reset": "ok",
             "field": "VALIDATION_ERROR", "huge": "EXECUTION_ERROR", "after": "EXECUTION_ERROR",
             "state": "ok", "closed": "1000",
         }  # fmt: skip
         counts = server.service.counts
         assert counts["errors_observation_too_large"] == 1
-        assert counts["openenv_errors_VALIDATION_ERROR"] == 4
+        assert counts["openenv_errors_VALIDATION_ERROR"] == 5
         wait_until(lambda: not server.service.sessions)
         # The server plays on, for OpenEnv clients and Temper's.
         with GenericEnvClient(base_url=http_url(server)).sync() as env:

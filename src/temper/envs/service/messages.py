@@ -63,8 +63,19 @@ class ImageCache:
         return out
 
     def _unpack_part(self, part: dict[str, Any]) -> dict[str, Any]:
-        if part.get("type") != "image" or "sha256" not in part:
+        """A part from the peer. Images cross only as bytes: a path or a URL from the
+        wire would have this process read its own disk on a peer's say-so."""
+        kind = part.get("type")
+        if kind == "image_url":
+            url = part.get("image_url")
+            url = url.get("url") if isinstance(url, dict) else url
+            if not (isinstance(url, str) and url.startswith("data:")):
+                raise WireError("bad_image", "an image_url on the wire must be a data: URL")
             return part
+        if kind != "image":
+            return part
+        if not isinstance(part.get("sha256"), str):
+            raise WireError("bad_image", "an image on the wire is {type, sha256, png}")
         png = part.get("png")
         if isinstance(png, bytes):
             self._remember(part["sha256"], png)
@@ -83,6 +94,29 @@ def _map_parts(message: Message, fn: Any) -> Message:
     if not isinstance(content, list):
         return message
     return {**message, "content": [fn(p) if isinstance(p, dict) else p for p in content]}
+
+
+def refuse_host_images(prompt: Any) -> None:
+    """`WireError("bad_image")` for an image a peer names by path or URL rather than
+    giving its bytes (a data: URL or bytes): this process must not read its own disk,
+    or the network, on a peer's say-so."""
+    if not isinstance(prompt, list):
+        return
+    for message in prompt:
+        content = message.get("content") if isinstance(message, dict) else None
+        for part in content if isinstance(content, list) else []:
+            if not isinstance(part, dict):
+                continue
+            value = part.get("image") if part.get("type") == "image" else None
+            if part.get("type") == "image_url":
+                value = part.get("image_url")
+                value = value.get("url") if isinstance(value, dict) else value
+            elif part.get("type") != "image":
+                continue
+            if not (
+                isinstance(value, bytes) or (isinstance(value, str) and value.startswith("data:"))
+            ):
+                raise WireError("bad_image", "an image from a peer must be bytes or a data: URL")
 
 
 def task_to_wire(task: Task, images: ImageCache) -> dict[str, Any]:

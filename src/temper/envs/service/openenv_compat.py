@@ -44,7 +44,12 @@ from websockets.asyncio.server import ServerConnection
 from websockets.exceptions import ConnectionClosed
 
 from temper.envs.base import AssistantTurn, Message
-from temper.envs.service.messages import ImageCache, task_to_wire, turn_to_wire
+from temper.envs.service.messages import (
+    ImageCache,
+    refuse_host_images,
+    task_to_wire,
+    turn_to_wire,
+)
 from temper.envs.service.server import EnvService
 from temper.models.tool_calls import parse_tool_calls
 from temper.records import Task
@@ -206,6 +211,7 @@ class OpenEnvRoute:
             if not isinstance(record, dict):
                 raise WireError("bad_request", "reset: task must be an object {id, prompt, ...}")
             record = {"id": f"openenv-{next(self._ids)}", **record}
+            refuse_host_images(record.get("prompt"))
             try:
                 return Task(**record)
             except TypeError as exc:
@@ -213,6 +219,7 @@ class OpenEnvRoute:
         if prompt is not None:
             if not isinstance(prompt, str | list):
                 raise WireError("bad_request", "reset: prompt must be text or chat messages")
+            refuse_host_images(prompt)
             return Task(f"openenv-{next(self._ids)}", prompt)
         spec = self.service.spec
         if spec.heldout:
