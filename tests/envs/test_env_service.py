@@ -157,8 +157,11 @@ def test_a_server_of_another_env_or_version_is_a_config_error():
         with pytest.raises(ConfigError, match=r"env\.servers: .*env_mismatch.*env\.options"):
             check_servers(fleet(server.url, options={"turns": 4}))
         check_servers(fleet(server.url, options={"turns": 5}))  # the right one passes
-    # A server that is down is not a config error: its episodes go elsewhere or retry.
-    check_servers(fleet(f"ws://127.0.0.1:{free_port()}/v1"))
+        # A server that is down while another answers is left to the episodes' retries.
+        check_servers(fleet(f"ws://127.0.0.1:{free_port()}/v1", server.url, options={"turns": 5}))
+    # A fleet of which no server answers is a config error: a run would only retry.
+    with pytest.raises(ConfigError, match=r"no server answered \(cannot connect to ws://"):
+        check_servers(fleet(f"ws://127.0.0.1:{free_port()}/v1"))
 
 
 def test_the_reaper_ends_idle_and_old_sessions():

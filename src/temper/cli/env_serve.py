@@ -67,6 +67,8 @@ def add_sandbox_parser(sub: Any) -> None:
 
 
 def cmd_sandbox_serve(args: argparse.Namespace, overrides: list[str]) -> int:
+    from pydantic import ValidationError
+
     from temper.sandbox import IsolationUnavailableError, SandboxPool
     from temper.sandbox.service import SandboxService
     from temper.wire.server import WireServer
@@ -80,8 +82,10 @@ def cmd_sandbox_serve(args: argparse.Namespace, overrides: list[str]) -> int:
         )  # fmt: skip
     except IsolationUnavailableError as exc:
         raise ConfigError(f"{exc}; or pass --allow-unisolated") from None
-    except ValueError as exc:  # pydantic's, for a bad --pool-size or --timeout-s
-        raise ConfigError(f"sandbox-serve: {str(exc).splitlines()[0]}") from None
+    except ValidationError as exc:  # a bad --pool-size or --timeout-s
+        first = exc.errors()[0]
+        flag = "--" + "-".join(str(p) for p in first["loc"]).replace("_", "-")
+        raise ConfigError(f"sandbox-serve {flag}: {first['msg']}") from None
     service = SandboxService(pool, args.max_queue)
     server = WireServer(service, args.host, args.port)
     asyncio.run(_serve(server, service, f"sandbox ({args.pool_size} warm)"))

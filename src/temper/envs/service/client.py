@@ -114,15 +114,20 @@ class EnvFleet:
             server.greeted_generation = server.wire.generation
 
     async def check(self) -> None:
-        """Greet every server now; a wrong env or version is a `ConfigError` (exit 2)."""
+        """Greet every server now. A wrong env or version is a `ConfigError` (exit 2),
+        and so is a fleet of which no server answers (a run would only retry); a server
+        that is down while others answer is left to the episodes' retries."""
+        down = []
         for server in self.servers:
             try:
                 await server.ensure_loop()
                 await self._greet(server)
             except WireError as exc:
-                if exc.infra:  # down for now: its episodes go elsewhere, or retry
-                    continue
-                raise ConfigError(f"env.servers: {server.url}: {exc}") from None
+                if not exc.infra:
+                    raise ConfigError(f"env.servers: {server.url}: {exc}") from None
+                down.append(exc.message)
+        if len(down) == len(self.servers):
+            raise ConfigError(f"env.servers: no server answered ({down[0]})")
 
     async def aclose(self) -> None:
         for server in self.servers:
