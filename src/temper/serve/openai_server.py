@@ -5,7 +5,10 @@
 /health`. A chat request is rendered once with the tokenizer's chat template
 (tools included) and tokenised; the engine gets those ids (token-in) and its
 sampled ids are decoded without special tokens (token-out). Tool calls in the
-output are parsed with `temper.envs.tools.parse_tool_calls`.
+output are parsed with `temper.envs.tools.parse_tool_calls`. With
+``return_token_ids`` (vLLM's extension, vLLM's field names) responses carry
+those very prompt ids and sampled ids, and a completions ``prompt`` may be
+token ids, so an outside harness stays token-exact.
 
 Running it (background thread, `temper serve`) is in `temper.serve.runner`.
 
@@ -113,12 +116,14 @@ class OpenAIServer:
         return list(self.tokenizer(text, add_special_tokens=special)["input_ids"])
 
     def _check_ids(self, ids: list[int], param: str) -> list[int]:
-        """A prompt given as token ids: each must be in the tokenizer's vocabulary."""
+        """Token ids from the client: each must be in the tokenizer's vocabulary; the
+        error names the element (``prompt[3]``) and its value."""
         vocab = len(self.tokenizer)
-        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        bad = next((k for k, t in enumerate(ids) if not 0 <= t < vocab), None)
         if bad is not None:
             raise APIError(
-                f"{param} holds token id {bad}, outside the vocabulary [0, {vocab})", param=param
+                f"{param}[{bad}] is token id {ids[bad]}, outside the vocabulary [0, {vocab})",
+                param=f"{param}[{bad}]",
             )
         return ids
 
@@ -344,7 +349,15 @@ class OpenAIServer:
         if req.stream:
             updates = await self._stream([ids], [params], shown)
             chunks = Chunks(self._head("chatcmpl", "chat.completion.chunk"), usage_chunk)
-            events = chat_events(self, updates, params, tools is not None, want_logprobs, chunks)
+            events = chat_events(
+                self,
+                updates,
+                params,
+                tools is not None,
+                want_logprobs,
+                chunks,
+                prompt_ids=ids if req.return_token_ids else None,
+            )
             return StreamingResponse(events, media_type="text/event-stream")
         result = await self._generate(ids, params, shown)
         choices = []
@@ -359,7 +372,8 @@ class OpenAIServer:
                 "logprobs": logprobs,
                 "finish_reason": finish,
             }
-            if req.return_token_ids:
+            if req.return_token_ids:  # vLLM's fields
+                choice["stop_reason"] = sample.stop_reason
                 choice["token_ids"] = list(sample.token_ids)
             choices.append(choice)
         body = self._envelope("chatcmpl", "chat.completion", choices, [result])
@@ -372,9 +386,14 @@ class OpenAIServer:
         self._check_model(req.model)
         want_logprobs = P.check_completion_extras(req)
         usage_chunk = P.include_usage(req)
-        prompts = self._completion_prompts(req.prompt)
-        for j, ids in enumerate(prompts):
-            self._check_fits(ids, "prompt" if len(prompts) == 1 else f"prompt[{j}]")
+        prompts = []
+        for where, prompt in P.completion_prompts(req.prompt):
+            if isinstance(prompt, str):
+                ids = self._encode(prompt, True, where)
+            else:
+                ids = self._check_ids(list(prompt), where)
+            self._check_fits(ids, where)
+            prompts.append(ids)
         top = req.logprobs or 0
         params = [
             P.sampling_params(req, len(ids), self.engine.max_context, top_logprobs=top)
@@ -384,13 +403,14 @@ class OpenAIServer:
         if req.stream:
             updates = await self._stream(prompts, params)
             chunks = Chunks(self._head("cmpl", "text_completion"), usage_chunk)
-            events = completion_events(self, updates, params, want_logprobs, chunks)
+            shown = prompts if req.return_token_ids else None
+            events = completion_events(self, updates, params, want_logprobs, chunks, shown)
             return StreamingResponse(events, media_type="text/event-stream")
         results = await asyncio.gather(
             *[self._generate(ids, p) for ids, p in zip(prompts, params, strict=True)]
         )
         choices = []
-        for result in results:
+        for ids, result in zip(prompts, results, strict=True):
             for sample in result.samples:
                 choice: dict[str, Any] = {
                     "index": len(choices),
@@ -398,27 +418,12 @@ class OpenAIServer:
                     "logprobs": self._completion_logprobs(sample) if want_logprobs else None,
                     "finish_reason": sample.finish_reason,
                 }
-                if req.return_token_ids:
+                if req.return_token_ids:  # vLLM's fields, on each choice for completions
+                    choice["stop_reason"] = sample.stop_reason  # the stop id or string
+                    choice["prompt_token_ids"] = ids
                     choice["token_ids"] = list(sample.token_ids)
-                    choice["stop_reason"] = sample.stop_reason  # vLLM's field: id or string
                 choices.append(choice)
         return self._envelope("cmpl", "text_completion", choices, list(results))
-
-    def _completion_prompts(self, prompt: Any) -> list[list[int]]:
-        """Token ids of each prompt: text is encoded (with the tokenizer's special
-        tokens, e.g. BOS), id lists are used as given."""
-        if isinstance(prompt, str):
-            return [self._encode(prompt, True, "prompt")]
-        if not prompt:
-            raise APIError("prompt must not be empty", param="prompt")
-        if all(isinstance(p, int) for p in prompt):
-            return [self._check_ids(list(prompt), "prompt")]
-        return [
-            self._encode(p, True, f"prompt[{j}]")
-            if isinstance(p, str)
-            else self._check_ids(list(p), f"prompt[{j}]")
-            for j, p in enumerate(prompt)
-        ]
 
     def _head(self, prefix: str, obj: str) -> dict[str, Any]:
         """The fields every chunk of a streamed response repeats."""

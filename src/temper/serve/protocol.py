@@ -16,6 +16,7 @@ come as data URLs only, or from the operator's allowed folder
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -81,7 +82,7 @@ class _Request(BaseModel):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    return_token_ids: bool = False  # extension: echo prompt/sampled token ids
+    return_token_ids: bool = False  # extension (vLLM's name): prompt and sampled token ids
 
 
 class ChatRequest(_Request):
@@ -95,7 +96,7 @@ class ChatRequest(_Request):
 
 
 class CompletionRequest(_Request):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: Any  # checked by `completion_prompts`, which names the bad element
     logprobs: int | None = None
     echo: bool | None = False
     suffix: str | None = None
@@ -378,6 +379,58 @@ def check_chat_logprobs(req: ChatRequest) -> tuple[bool, int]:
     if top and not req.logprobs:
         raise APIError("top_logprobs needs logprobs=true", param="top_logprobs")
     return bool(req.logprobs), top
+
+
+def _shown(value: Any) -> str:
+    """A client's value as it sent it (JSON), cut short."""
+    text = json.dumps(value, ensure_ascii=False)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _is_id(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _id_list(value: list[Any], where: str) -> list[int]:
+    for k, item in enumerate(value):
+        if not _is_id(item):
+            raise APIError(
+                f"{where}[{k}] must be a token id (an integer), got {_shown(item)}",
+                param=f"{where}[{k}]",
+            )
+    return value
+
+
+def completion_prompts(prompt: Any) -> list[tuple[str, str | list[int]]]:
+    """The prompts of a text completion, each with the name of its field: a string,
+    a list of strings, a list of token ids, or a list of id lists (vLLM's forms;
+    strings and id lists may be mixed). Ids are checked to be integers here; the
+    server checks them against the vocabulary."""
+    if isinstance(prompt, str):
+        return [("prompt", prompt)]
+    if not isinstance(prompt, list):
+        raise APIError(
+            "prompt must be a string, a list of strings, a list of token ids or a list "
+            f"of token-id lists, got {_shown(prompt)}",
+            param="prompt",
+        )
+    if not prompt:
+        raise APIError("prompt must not be empty", param="prompt")
+    if isinstance(prompt[0], int | float):  # meant as ids: a float or bool is named
+        return [("prompt", _id_list(prompt, "prompt"))]
+    out: list[tuple[str, str | list[int]]] = []
+    for j, item in enumerate(prompt):
+        where = f"prompt[{j}]"
+        if isinstance(item, str):
+            out.append((where, item))
+        elif isinstance(item, list):
+            out.append((where, _id_list(item, where)))
+        else:
+            raise APIError(
+                f"{where} must be a string or a list of token ids, got {_shown(item)}",
+                param=where,
+            )
+    return out
 
 
 def check_completion_extras(req: CompletionRequest) -> bool:

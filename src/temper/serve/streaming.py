@@ -7,7 +7,8 @@ piece of text (and the new tokens' logprobs when asked). `TextStream` decides
 what text is safe to send: never a token that ends inside a multi-byte
 character, never text that could be the start of a stop string, never text
 past one. So the pieces concatenate to exactly the non-streamed text for the
-same seed. A chat request with tools is sent at the end instead (its content
+same seed. With ``return_token_ids`` each chunk also carries its new token ids
+(`TokenIds`). A chat request with tools is sent at the end instead (its content
 without the tool-call blocks, then the calls as one ``delta.tool_calls``
 chunk): which text is a call is known only once the sample is done.
 
@@ -121,8 +122,8 @@ class Chunks:
         self.head = head
         self.include_usage = include_usage
 
-    def chunk(self, choices: list[dict[str, Any]]) -> str:
-        body = {**self.head, "choices": choices}
+    def chunk(self, choices: list[dict[str, Any]], **extra: Any) -> str:
+        body = {**self.head, "choices": choices, **extra}
         if self.include_usage:
             body["usage"] = None
         return sse(body)
@@ -151,6 +152,48 @@ def text_choice(index: int, text: str, logprobs: Any, finish: str | None = None)
     return {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
 
 
+class TokenIds:
+    """vLLM's ``return_token_ids`` fields for streamed choices: each chunk of a choice
+    carries the ids sampled since its last chunk (``token_ids``), its first chunk the
+    prompt's ids too (completions: ``prompt_token_ids`` on the choice; chat sends
+    them on the role chunk instead), and its finish chunk the ``stop_reason``."""
+
+    def __init__(self, prompts: list[list[int]] | None, per_prompt: int) -> None:
+        self.on = prompts is not None
+        self.prompts = prompts or []
+        self.per_prompt = per_prompt
+        self.prompt_sent: set[int] = set()
+        self.sent: dict[int, int] = {}  # choice -> how many of its ids were sent
+
+    def wants_chunk(self, ids: list[int]) -> bool:
+        """Whether new ``ids`` need a chunk even when there is no text to send."""
+        return self.on and bool(ids)
+
+    def add(
+        self,
+        choice: dict[str, Any],
+        c: int,
+        ids: list[int],
+        *,
+        prompt: bool = False,
+        stop_reason: Any = None,
+        finish: bool = False,
+    ) -> dict[str, Any]:
+        """``choice`` (choice ``c``) with the ids of ``ids`` not sent yet (``ids``
+        being all its ids so far); with ``prompt``, the prompt ids on its first chunk."""
+        if not self.on:
+            return choice
+        if prompt and c not in self.prompt_sent:
+            self.prompt_sent.add(c)
+            choice["prompt_token_ids"] = self.prompts[c // self.per_prompt]
+        done = self.sent.get(c, 0)
+        choice["token_ids"] = list(ids[done:])
+        self.sent[c] = max(done, len(ids))
+        if finish:
+            choice["stop_reason"] = stop_reason
+        return choice
+
+
 async def chat_events(
     server: Any,
     updates: AsyncIterator[tuple[int, TokenUpdate]],
@@ -158,14 +201,20 @@ async def chat_events(
     parse_tools: bool,
     want_logprobs: bool,
     chunks: Chunks,
+    prompt_ids: list[int] | None = None,
 ) -> AsyncIterator[str]:
-    """The events of a streamed chat completion (``server``: the `OpenAIServer`)."""
+    """The events of a streamed chat completion (``server``: the `OpenAIServer`).
+    With ``prompt_ids`` (``return_token_ids``), the role chunks carry them as
+    ``prompt_token_ids`` and every later chunk its choice's new ``token_ids``."""
     texts = [TextStream(server.tokenizer, params.stop_strings) for _ in range(params.n)]
     sent = [0] * params.n  # tokens whose logprobs were sent, per choice
+    drawn: list[list[int]] = [[] for _ in range(params.n)]  # ids streamed so far
+    ids = TokenIds(None if prompt_ids is None else [prompt_ids], params.n)
+    head = {} if prompt_ids is None else {"prompt_token_ids": prompt_ids}
     result: GenerationResult | None = None
     try:
         for i in range(params.n):
-            yield chunks.chunk([chat_choice(i, {"role": "assistant", "content": ""})])
+            yield chunks.chunk([chat_choice(i, {"role": "assistant", "content": ""})], **head)
         async for _, update in updates:
             if update.result is not None:
                 result = update.result
@@ -174,8 +223,10 @@ async def chat_events(
                 piece = texts[i].push(update.token_ids)
                 lp = server.chat_logprobs(update, 0) if want_logprobs else None
                 sent[i] += len(update.token_ids)
-                if piece or lp:
-                    yield chunks.chunk([chat_choice(i, {"content": piece}, lp)])
+                drawn[i] += update.token_ids
+                if piece or lp or ids.wants_chunk(update.token_ids):
+                    choice = chat_choice(i, {"content": piece}, lp)
+                    yield chunks.chunk([ids.add(choice, i, drawn[i])])
         assert result is not None
         for i, sample in enumerate(result.samples):
             message, finish = server._message(sample, parse_tools)
@@ -183,14 +234,19 @@ async def chat_events(
             lp = server.chat_logprobs(rest, sent[i]) if want_logprobs else None
             if "tool_calls" in message:
                 if message["content"] or lp:
-                    yield chunks.chunk([chat_choice(i, {"content": message["content"] or ""}, lp)])
+                    choice = chat_choice(i, {"content": message["content"] or ""}, lp)
+                    yield chunks.chunk([ids.add(choice, i, sample.token_ids)])
                 calls = [{"index": j, **call} for j, call in enumerate(message["tool_calls"])]
-                yield chunks.chunk([chat_choice(i, {"tool_calls": calls})])
+                choice = chat_choice(i, {"tool_calls": calls})
+                yield chunks.chunk([ids.add(choice, i, sample.token_ids)])
             else:
                 piece = texts[i].rest(server._text(sample))
                 if piece or lp:
-                    yield chunks.chunk([chat_choice(i, {"content": piece}, lp)])
-            yield chunks.chunk([chat_choice(i, {}, finish=finish)])
+                    choice = chat_choice(i, {"content": piece}, lp)
+                    yield chunks.chunk([ids.add(choice, i, sample.token_ids)])
+            choice = chat_choice(i, {}, finish=finish)
+            end = ids.add(choice, i, sample.token_ids, stop_reason=sample.stop_reason, finish=True)
+            yield chunks.chunk([end])
         for event in chunks.end([result]):
             yield event
     except Exception as exc:  # the response has begun: report in the stream
@@ -206,13 +262,18 @@ async def completion_events(
     params: list[Any],
     want_logprobs: bool,
     chunks: Chunks,
+    prompt_ids: list[list[int]] | None = None,
 ) -> AsyncIterator[str]:
     """The events of a streamed text completion: choice ``j * n + i`` is sample i
-    of prompt j."""
+    of prompt j. With ``prompt_ids`` (``return_token_ids``), each choice's first
+    chunk carries its prompt's ``prompt_token_ids`` and every chunk its new
+    ``token_ids``."""
     n = params[0].n
     texts = [TextStream(server.tokenizer, p.stop_strings) for p in params for _ in range(n)]
     sent = [0] * len(texts)
     offsets = [0] * len(texts)  # text_offset of the next token, per choice
+    drawn: list[list[int]] = [[] for _ in texts]  # ids streamed so far, per choice
+    ids = TokenIds(prompt_ids, n)
     results: dict[int, GenerationResult] = {}
     try:
         async for j, update in updates:
@@ -225,8 +286,10 @@ async def completion_events(
             if want_logprobs:
                 lp, offsets[c] = server.completion_logprobs(update, 0, offsets[c])
             sent[c] += len(update.token_ids)
-            if piece or lp:
-                yield chunks.chunk([text_choice(c, piece, lp)])
+            drawn[c] += update.token_ids
+            if piece or lp or ids.wants_chunk(update.token_ids):
+                choice = text_choice(c, piece, lp)
+                yield chunks.chunk([ids.add(choice, c, drawn[c], prompt=True)])
         ordered = [results[j] for j in range(len(params))]
         for j, result in enumerate(ordered):
             for i, sample in enumerate(result.samples):
@@ -236,9 +299,19 @@ async def completion_events(
                 if want_logprobs:
                     lp, offsets[c] = server.completion_logprobs(rest, sent[c], offsets[c])
                 piece = texts[c].rest(server._text(sample))
-                if piece or lp:
-                    yield chunks.chunk([text_choice(c, piece, lp)])
-                yield chunks.chunk([text_choice(c, "", None, sample.finish_reason)])
+                if piece or lp or ids.wants_chunk(sample.token_ids[sent[c] :]):
+                    choice = text_choice(c, piece, lp)
+                    yield chunks.chunk([ids.add(choice, c, sample.token_ids, prompt=True)])
+                choice = text_choice(c, "", None, sample.finish_reason)
+                end = ids.add(
+                    choice,
+                    c,
+                    sample.token_ids,
+                    prompt=True,
+                    stop_reason=sample.stop_reason,
+                    finish=True,
+                )
+                yield chunks.chunk([end])
         for event in chunks.end(ordered):
             yield event
     except Exception as exc:
