@@ -83,6 +83,7 @@ FOREIGN_PROBES: dict[str, tuple[int, str]] = {
     "rewards/harness/runner.py": (1, "os.O_NOFOLLOW, where the platform has it"),
     "rewards/rm_batcher.py": (1, "an HF model config"),
     "envs/gym_adapter.py": (2, "Gymnasium observations and env classes by name"),
+    "envs/mcp_tools.py": (9, "the MCP SDK's results, content blocks and errors"),
     "vision/images.py": (3, "PIL images passed by the user"),
     "vision/processor.py": (2, "an HF processor"),
     "sandbox/config.py": (1, "sys._base_executable"),
