@@ -6,14 +6,19 @@
 2. Throughput: ``--episodes`` oracle episodes (the five tasks in turn) on a
    pool of ``--browsers`` browsers with that many episodes in flight, against
    one browser running them one at a time. No model: this measures the env
-   (page reset, DOM read, actions over CDP). Both use ``reload`` as given.
+   (page reset, DOM read, actions over CDP).
 3. Peak memory per browser while the pool runs, sampled every 0.1 s from
    /proc: RSS (every process of a browser's group, shared pages counted in
    each) and PSS (shared pages split; the honest per-browser footprint).
+4. What isolation costs per reset (``--resets`` each, alternating, median):
+   a fresh browser context and page, leased, loaded and released, as every
+   episode now does, against reloading one page that is kept, as episodes
+   did before they were isolated.
 
 Prints one JSON line.
 
     .venv/bin/python benchmarks/browser_env.py [--seeds 20] [--episodes 60] [--browsers 4]
+        [--resets 20]
 """
 
 from __future__ import annotations
@@ -22,12 +27,13 @@ import argparse
 import asyncio
 import json
 import random
+import statistics
 import threading
 import time
 from typing import Any
 
 from temper.builder.tasks import build_env_spec
-from temper.envs.miniwob import make_task
+from temper.envs.miniwob import make_task, start_episode
 from temper.envs.miniwob_scripted import ORACLE_TASKS, Oracle, RandomPolicy, play
 
 
@@ -66,6 +72,31 @@ async def _throughput(spec: Any, episodes: int, in_flight: int) -> float:
     return episodes / elapsed
 
 
+async def _reset_cost(resets: int) -> tuple[float, float]:
+    """Median seconds per reset: a fresh context (leased, loaded, released) and a kept
+    page reloaded. Both in one browser, alternating, so machine load hits both alike."""
+    spec = build_env_spec("miniwob", {"pool_size": 1, "pages_per_browser": 2}, 0)
+    env = spec.make_env(None)
+    pool, url = env.pool, env.resources.url("click-button")
+    fresh: list[float] = []
+    kept: list[float] = []
+    try:
+        session = await pool.lease()  # the kept page
+        for seed in range(resets):
+            start = time.perf_counter()
+            episode = await pool.lease()
+            await pool.call(start_episode(episode.page, url, seed))
+            await pool.release(episode)
+            fresh.append(time.perf_counter() - start)
+            start = time.perf_counter()
+            await pool.call(start_episode(session.page, url, seed))
+            kept.append(time.perf_counter() - start)
+        await pool.release(session)
+    finally:
+        spec.close()
+    return statistics.median(fresh), statistics.median(kept)
+
+
 class MemorySampler:
     """Peak RSS and PSS of each browser of a pool, sampled in a thread."""
 
@@ -94,10 +125,10 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--episodes", type=int, default=60)
     parser.add_argument("--browsers", type=int, default=4)
-    parser.add_argument("--reload", default="always", choices=["always", "task_change"])
+    parser.add_argument("--resets", type=int, default=20)
     args = parser.parse_args()
 
-    options = {"pool_size": args.browsers, "reload": args.reload}
+    options = {"pool_size": args.browsers}
     pool_spec = build_env_spec("miniwob", options, 0)
     try:
         oracle = asyncio.run(_success(pool_spec, args.seeds, lambda t: Oracle(), 6))
@@ -109,11 +140,12 @@ def main() -> None:
             pooled = asyncio.run(_throughput(pool_spec, args.episodes, args.browsers))
     finally:
         pool_spec.close()
-    one_spec = build_env_spec("miniwob", {"pool_size": 1, "reload": args.reload}, 0)
+    one_spec = build_env_spec("miniwob", {"pool_size": 1}, 0)
     try:
         single = asyncio.run(_throughput(one_spec, args.episodes, 1))
     finally:
         one_spec.close()
+    fresh_s, kept_s = asyncio.run(_reset_cost(args.resets))
     mean = {
         k: round(sum(v.values()) / len(v), 3) for k, v in (("oracle", oracle), ("random", rand))
     }
@@ -127,7 +159,6 @@ def main() -> None:
                 "random_success": rand,
                 "oracle_mean": mean["oracle"],
                 "random_mean": mean["random"],
-                "reload": args.reload,
                 "browsers": args.browsers,
                 "episodes": args.episodes,
                 "episodes_per_s_pool": round(pooled, 2),
@@ -135,6 +166,10 @@ def main() -> None:
                 "speedup": round(pooled / single, 2),
                 "peak_rss_mb_per_browser": round(memory.peak["Rss"] / 2**20, 1),
                 "peak_pss_mb_per_browser": round(memory.peak["Pss"] / 2**20, 1),
+                "resets": args.resets,
+                "reset_s_fresh_context": round(fresh_s, 3),
+                "reset_s_kept_page": round(kept_s, 3),
+                "isolation_cost_ratio": round(fresh_s / kept_s, 2),
             }
         )
     )

@@ -1,7 +1,10 @@
 """The MiniWoB++ browser env on real headless Chromium and a real local HTTP server.
 
-One browser pool (two browsers) serves most of the module (the `spec` fixture). Scripted policies
-act through the same JSON actions a model writes (`temper.envs.miniwob_scripted`).
+One browser pool (two browsers) serves most of the module (the `spec` fixture); the isolation
+tests share a pool of one browser (`one`), so that consecutive episodes meet in the same
+browser. Scripted policies act through the same JSON actions a model writes
+(`temper.envs.miniwob_scripted`). Every wait is for a condition, with a deadline
+(`_wait`, `_until`), never for a fixed time: these tests run on loaded machines.
 """
 
 from __future__ import annotations
@@ -10,10 +13,12 @@ import asyncio
 import json
 import os
 import random
+import select
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -60,8 +65,35 @@ def spec():
     spec.close()
 
 
+@pytest.fixture(scope="module")
+def one():
+    spec = build_env_spec("miniwob", {"pool_size": 1, "eval_size": 10}, 0)
+    yield spec
+    spec.close()
+
+
 def run(coro: Any) -> Any:
     return asyncio.run(coro)
+
+
+def _wait(check: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    """Return once `check()` holds; fail after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:.0f} s"
+        time.sleep(0.05)
+
+
+async def _until(check: Callable[[], Awaitable[bool]], what: str, timeout_s: float = 60.0) -> None:
+    """`_wait` for an async check, from inside an event loop."""
+    deadline = time.monotonic() + timeout_s
+    while not await check():
+        assert time.monotonic() < deadline, f"{what}: not within {timeout_s:.0f} s"
+        await asyncio.sleep(0.05)
+
+
+def _act(kind: str, **fields: Any) -> AssistantTurn:
+    return AssistantTurn(json.dumps({"action": kind, **fields}), [])
 
 
 async def _episode(spec, task, policy, max_turns: int = 6) -> tuple[float, bool]:
@@ -139,14 +171,6 @@ def test_same_seed_same_instance_other_seed_other(spec) -> None:
     a, b, c = run(go(spec))
     assert a == b and a != c
     assert a.startswith("Task: Select")
-    # Re-seeding a loaded page (reload = "task_change") gives the fresh page's instance.
-    reuse = build_env_spec("miniwob", {"pool_size": 1, "reload": "task_change"}, 0)
-    try:
-        pool = _pool(reuse)
-        again = run(go(reuse))
-        assert again == [a, b, c] and pool.pages_killed == 0
-    finally:
-        reuse.close()
 
 
 HOSTILE = [
@@ -199,35 +223,47 @@ def _pool(spec) -> Any:
     return spec.make_env(None).pool
 
 
-def test_timeouts_kill_the_page_and_the_pool_goes_on(spec) -> None:
+def test_timeouts_close_the_context_and_the_pool_goes_on(spec) -> None:
     tokenizer = load_tokenizer("tiny")
     pool = _pool(spec)
     task = make_task("enter-text", 4)
 
-    async def go() -> tuple[Any, bool, bool]:
-        # 1. The rollout's episode timeout fires while the engine "thinks".
+    async def closed(n: int) -> bool:
+        return pool.contexts_closed >= n
+
+    async def go() -> Any:
+        # 1. The rollout's episode timeout fires: while the engine "thinks" for 30 s, or
+        # during the reset if the pool starts slowly. Either way the context is closed.
         engine = ScriptedEngine(tokenizer, ['{"action": "done"}'], 4096, delay_s=30)
-        killed = pool.pages_killed
+        before = pool.contexts_closed
         [[traj]] = await run_episodes(
             engine, spec.make_env, [task], tokenizer, SamplingParams(max_new_tokens=32),
             EpisodeLimits(timeout_s=1.0), 0,
         )  # fmt: skip
-        after_rollout = pool.pages_killed == killed + 1
-        # 2. A cancellation lands inside a browser call (the page load of reset).
+        await _until(lambda: closed(before + 1), "the timed-out episode's context closed")
+        # 2. A cancellation lands inside a browser call: typing 500 keys takes seconds.
         env = spec.make_env(task)
         try:
-            async with asyncio.timeout(0.01):
-                await env.reset(task)
-        except TimeoutError:
-            pass
-        session = env.session
-        await env.close()
-        page_closed = session.page is None and env.interrupted
-        return traj, after_rollout, page_closed
+            first = (await env.reset(task))[0]["content"]
+            field = next(e.ref for e in parse_dom_text(first) if e.tag == "input_text")
+            typing = asyncio.create_task(env.step(_act("type", ref=field, text="x" * 500)))
 
-    traj, after_rollout, page_closed = run(go())
+            async def keys_arrive() -> bool:
+                typed = "(document.activeElement.value || '').length"
+                return await pool.call(env.page.evaluate(typed)) > 0
+
+            await _until(keys_arrive, "the first typed key")
+            assert typing.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await typing
+            before = pool.contexts_closed
+        finally:
+            await env.close()
+        assert env.session is None and pool.contexts_closed == before + 1
+        return traj
+
+    traj = run(go())
     assert traj.finish_reason == "timeout"
-    assert after_rollout and page_closed
     # The pool still serves episodes afterwards.
     score = run(_episode(spec, task, Oracle()))
     assert score == (1.0, True)
@@ -272,6 +308,8 @@ def test_bad_options_name_what_is_wrong() -> None:
         build_env_spec("miniwob", {"observation": "pixels"}, 0)
     with pytest.raises(ConfigError, match="unknown option"):
         build_env_spec("miniwob", {"pool": 2}, 0)
+    with pytest.raises(ConfigError, match=r"task_change.*fresh browser context"):
+        build_env_spec("miniwob", {"reload": "task_change"}, 0)
 
 
 def test_screenshot_observation_is_a_png_content_part() -> None:
@@ -295,6 +333,127 @@ def test_screenshot_observation_is_a_png_content_part() -> None:
     assert image["image"] == again[1]["image"]  # same seed, same pixels
 
 
+# ----------------------------------------------------------------------------- isolation
+
+#: What a page could leave behind for the next episode, written by the page itself.
+_LEAVE_STATE = """async () => {
+  localStorage.setItem('left', 'over');
+  sessionStorage.setItem('left', 'over');
+  document.cookie = 'left=over; max-age=3600';
+  window.name = 'left over';
+  history.pushState({}, '', '#visited');
+  await new Promise((done, fail) => {
+    const open = indexedDB.open('left-over');
+    open.onupgradeneeded = () => open.result.createObjectStore('things');
+    open.onsuccess = () => { open.result.close(); done(); };
+    open.onerror = fail;
+  });
+}"""
+_READ_STATE = """async () => ({
+  local: localStorage.getItem('left'), session: sessionStorage.getItem('left'),
+  cookie: document.cookie, name: window.name, history: history.length,
+  indexeddb: (await indexedDB.databases()).map((db) => db.name),
+})"""
+
+
+def test_episodes_share_no_storage(one) -> None:
+    pool = _pool(one)
+
+    async def state(env: Any) -> dict[str, Any]:
+        return await pool.call(env.page.evaluate(_READ_STATE))
+
+    async def go() -> list[dict[str, Any]]:
+        task = make_task("click-button", 1)
+        env = one.make_env(task)
+        try:
+            await env.reset(task)
+            fresh = await state(env)
+            await pool.call(env.page.evaluate(_LEAVE_STATE))
+            written = await state(env)
+            await env.reset(task)  # a second episode of the same env
+            again = await state(env)
+        finally:
+            await env.close()
+        other = one.make_env(task)  # and a new env on the same (only) browser
+        try:
+            await other.reset(task)
+            return [fresh, written, again, await state(other)]
+        finally:
+            await other.close()
+
+    fresh, written, again, other = run(go())
+    assert written["local"] == written["session"] == "over" and written["indexeddb"]
+    assert written["name"] == "left over" and written["cookie"] == "left=over"
+    assert written["history"] == fresh["history"] + 1
+    assert again == other == fresh
+    assert fresh["local"] is None and fresh["cookie"] == "" and fresh["indexeddb"] == []
+
+
+def test_a_copy_cannot_be_pasted_in_the_next_episode(one) -> None:
+    async def go() -> tuple[str, str]:
+        task = make_task("enter-text", 1)
+        env = one.make_env(task)
+        try:
+            first = (await env.reset(task))[0]["content"]
+            field = next(e.ref for e in parse_dom_text(first) if e.tag == "input_text")
+            await env.step(_act("type", ref=field, text="secret"))
+            for key in ("Control+A", "Control+C", "Backspace"):
+                await env.step(_act("key", key=key))
+            pasted = await env.step(_act("key", key="Control+V"))  # the clipboard works
+            second = (await env.reset(make_task("enter-text", 2)))[0]["content"]
+            field = next(e.ref for e in parse_dom_text(second) if e.tag == "input_text")
+            await env.step(_act("type", ref=field, text=""))  # click into the field
+            nothing = await env.step(_act("key", key="Control+V"))
+            return pasted.observation[0]["content"], nothing.observation[0]["content"]
+        finally:
+            await env.close()
+
+    pasted, nothing = run(go())
+    assert 'value="secret"' in pasted
+    assert 'value=""' in nothing and "secret" not in nothing
+
+
+#: A link in the task page, focused, so that Control+Enter / Shift+Enter open it elsewhere.
+_LINK = """() => {
+  const link = Object.assign(document.createElement('a'), {href: location.href, textContent: 'x'});
+  document.body.appendChild(link);
+  link.focus();
+}"""
+
+
+def test_tabs_and_windows_are_closed_counted_and_leave_no_process(one) -> None:
+    pool = _pool(one)
+
+    async def episode(seed: int) -> float:
+        task = make_task("click-button", seed)
+        env = one.make_env(task)
+        try:
+            await env.reset(task)
+            await pool.call(env.page.evaluate(_LINK))
+            steps = [await env.step(_act("key", key=k)) for k in ("Control+Enter", "Shift+Enter")]
+
+            async def one_page_left() -> bool:
+                pages = await pool.call(_pages(env.session.context))
+                return env.session.popups_closed == 2 and pages == 1
+
+            await _until(one_page_left, "the tab and the window closed")
+            steps.append(await env.step(_act("key", key="Shift")))  # reports what is left
+            return sum(r.metrics.get("popups_closed", 0.0) for r in steps)
+        finally:
+            await env.close()
+
+    run(_episode(one, make_task("click-button", 0), Oracle()))
+    before = len(pool.browsers[0].process.pids())
+    counted = [run(episode(seed)) for seed in range(10)]
+    assert counted == [2.0] * 10
+    # Chromium ends a closed context's processes in its own time.
+    _wait(lambda: len(pool.browsers[0].process.pids()) <= before + 1, "no processes left over")
+
+
+async def _pages(context: Any) -> int:
+    return len(context.pages)
+
+
 # ----------------------------------------------------------------------------- no leftovers
 
 _CHILD = """
@@ -308,6 +467,7 @@ async def go():
     await env.close()
 asyncio.run(go())
 print("ready", flush=True)
+sys.stdin.readline()  # the parent has counted the processes: go on
 if sys.argv[1] == "close":
     spec.close()
     sys.exit(0)
@@ -360,24 +520,42 @@ def _gone(pid: int, drivers: set[int], timeout_s: float = 20.0) -> tuple[dict[in
     return _owned_by(pid), _alive(drivers)
 
 
+def _line(child: subprocess.Popen, timeout_s: float = 120.0) -> str:
+    """The child's next line of output; fail if none comes within `timeout_s`."""
+    assert child.stdout is not None
+    ready, _, _ = select.select([child.stdout], [], [], timeout_s)
+    assert ready, f"no line from the child within {timeout_s:.0f} s"
+    return child.stdout.readline().strip()
+
+
 @pytest.mark.parametrize("how", ["close", "sigkill"])
 def test_no_chromium_outlives_its_run(how: str) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
     child = subprocess.Popen(
-        [sys.executable, "-c", _CHILD, how], stdout=subprocess.PIPE, env=env, text=True
+        [sys.executable, "-c", _CHILD, how],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env=env,
+        text=True,
     )
     try:
-        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
-        assert len(_owned_by(child.pid)) >= 2  # two browsers and their helpers are up
+        assert _line(child) == "ready"
+        # The child holds still until told to go on, so the counts below cannot race
+        # its shutdown; they wait for start-up to settle instead of sampling one moment.
+        _wait(lambda: len(_owned_by(child.pid)) >= 2, "two browsers up")
+        _wait(lambda: len(_drivers_of(child.pid)) == 1, "Playwright's node driver up")
         drivers = _drivers_of(child.pid)
-        assert len(drivers) == 1  # Playwright's node driver
         if how == "sigkill":
             child.send_signal(signal.SIGKILL)
+        else:
+            child.stdin.write("go\n")  # type: ignore[union-attr]
+            child.stdin.flush()  # type: ignore[union-attr]
         assert child.wait(timeout=60) == (0 if how == "close" else -signal.SIGKILL)
         assert _gone(child.pid, drivers) == ({}, set())
     finally:
         if child.poll() is None:
             child.kill()
+        child.wait(timeout=60)
 
 
 @pytest.mark.parametrize(
@@ -457,4 +635,4 @@ def test_train_preset_runs_a_step_and_leaves_no_browser(tmp_path) -> None:
     assert len(trajs) == 4
     assert all(t["task_id"].split("/")[0] in ("click-button", "focus-text") for t in trajs)
     assert all(t["messages"][0]["content"].startswith("Task: ") for t in trajs)
-    assert _profiles(os.getpid()) == before  # the run closed its browsers
+    _wait(lambda: _profiles(os.getpid()) == before, "the run's browsers gone")

@@ -1,13 +1,14 @@
 """Computer use: MiniWoB++ tasks in real headless Chromium (``env.type = "miniwob"``).
 
-An episode: `reset` leases a page from the run's `BrowserPool`, loads the
-task from the local `TaskServer` and starts the instance seeded by the
-task's ``miniwob_seed`` (the episode seed only when the task has none). The
-first observation is one user message: the task's instruction, the page as
-compact DOM text (`miniwob.render_dom`: ``[ref] tag "text" (x,y wxh)`` lines)
-and, unless ``instructions = false``, a one-line action legend. Each turn the
-model writes one JSON action (`browser_actions`); the env performs it with
-real mouse and keyboard events over CDP and answers with the page again.
+An episode: `reset` leases a fresh browser context and page from the run's
+`BrowserPool`, loads the task from the local `TaskServer` and starts the
+instance seeded by the task's ``miniwob_seed`` (the episode seed only when
+the task has none). The first observation is one user message: the task's
+instruction, the page as compact DOM text (`miniwob.render_dom`:
+``[ref] tag "text" (x,y wxh)`` lines) and, unless ``instructions = false``,
+a one-line action legend. Each turn the model writes one JSON action
+(`browser_actions`); the env performs it with real mouse and keyboard events
+over CDP and answers with the page again.
 
 Observations (``observation`` option): ``"dom"`` gives plain-string content;
 ``"screenshot"`` and ``"dom+screenshot"`` give OpenAI-style content parts,
@@ -26,13 +27,13 @@ observation, no reward, and counts in the metrics ``invalid_action`` and
 ``invalid/<kind>``; an action the page cannot do (no element [ref], an
 unknown key) is ``error: ...`` too (``action_failed``).
 
-Pages: a page goes back to the pool for the next episode only when the task
-ended and no browser call was interrupted; otherwise (timeout, turn limit,
-browser error) the page is closed and the next lease opens a fresh one. Every
-reset reloads the task page (``reload = "always"``), so no page state crosses
-episodes; ``reload = "task_change"`` instead re-seeds a page that already holds
-the task and whose last episode the task ended itself, as MiniWoB++'s own
-Python env does (``core.startEpisodeReal`` regenerates the instance).
+Isolation: every episode (every `reset`) runs in a fresh browser context
+with one page (`BrowserPool.lease`), closed at the episode's end (`close`,
+or the next `reset`). Storage, cookies, IndexedDB, sessionStorage,
+``window.name``, permissions and history therefore never cross episodes, and
+the browser's clipboard is emptied at each lease. Tabs and windows the page
+opens are closed at once and counted in the metric ``popups_closed`` (in the
+step during which they were closed).
 """
 
 from __future__ import annotations
@@ -79,11 +80,11 @@ OPTIONS: dict[str, Any] = {
     "chromium": None,
     "action_timeout_s": 10.0,
     "instructions": True,
-    "reload": "always",
+    "reload": "always",  # the only value left; see _options
     "positions": True,
     "boxed_click": False,
 }
-RELOADS = ("always", "task_change")
+RELOADS = ("always",)
 
 
 class BrowserResources:
@@ -121,19 +122,16 @@ class BrowserEnv:
         reward: str = "unit",
         action_timeout_s: float = 10.0,
         instructions: bool = True,
-        reload: str = "always",
         positions: bool = True,
         boxed_click: bool = False,
     ) -> None:
         self.resources, self.pool = resources, resources.pool
         self.observation, self.reward = observation, reward
         self.action_timeout_s, self.instructions = action_timeout_s, instructions
-        self.reload, self.positions, self.boxed_click = reload, positions, boxed_click
+        self.positions, self.boxed_click = positions, boxed_click
         self.session: PageSession | None = None
         self.finished = True  # until reset
-        self.task_ended = False  # the task itself said done: its page is clean to reuse
-        self.interrupted = False
-        self.url = ""
+        self.popups_reported = 0  # of session.popups_closed, already in a step's metrics
         self.centers: dict[int, tuple[float, float]] = {}
 
     @property
@@ -142,11 +140,7 @@ class BrowserEnv:
 
     async def _run(self, coro: Any) -> Any:
         """Run a page coroutine on the browser loop within `action_timeout_s`."""
-        try:
-            return await self.pool.call(asyncio.wait_for(coro, self.action_timeout_s))
-        except BaseException:
-            self.interrupted = True  # cancelled, timed out or failed: the page is suspect
-            raise
+        return await self.pool.call(asyncio.wait_for(coro, self.action_timeout_s))
 
     @property
     def page(self) -> Any:
@@ -159,13 +153,10 @@ class BrowserEnv:
         if not isinstance(name, str):
             raise ValueError(f"task {task.id} has no miniwob_task column")
         instance = task.columns.get("miniwob_seed", seed if seed is not None else 0)
-        if self.session is None:
-            self.session = await self.pool.lease()
-        session, url = self.session, self.resources.url(name)
-        # session.url is set only while the page is clean: its last episode ended by the task.
-        navigate = self.reload == "always" or session.url != url
-        session.url, self.url, self.finished, self.task_ended = None, url, False, False
-        await self._run(start_episode(self.page, url, instance, navigate))
+        await self.close()  # a second reset is a new episode: a new context too
+        self.session, self.popups_reported = await self.pool.lease(), 0
+        self.finished = False
+        await self._run(start_episode(self.page, self.resources.url(name), instance))
         return [await self._observe(first=True)]
 
     async def _observe(self, first: bool) -> Message:
@@ -191,6 +182,14 @@ class BrowserEnv:
     async def step(self, turn: AssistantTurn) -> StepResult:
         if self.session is None or self.finished:
             raise RuntimeError("BrowserEnv.step called before reset or after the episode ended")
+        result = await self._step(turn)
+        popups = self.session.popups_closed - self.popups_reported
+        if popups:  # closed on the browser loop since the last step
+            self.popups_reported += popups
+            result.metrics["popups_closed"] = float(popups)
+        return result
+
+    async def _step(self, turn: AssistantTurn) -> StepResult:
         try:
             action = parse_action(turn.text, self.boxed_click)
         except ActionError as exc:
@@ -204,8 +203,7 @@ class BrowserEnv:
             return self._error(failure, {"action_error": "failed"}, {"action_failed": 1.0})
         state = await self._run(episode_state(self.page))
         if state["done"]:
-            self.finished = self.task_ended = True
-            self.session.url = self.url
+            self.finished = True
             raw = float(state["reward"])
             reward = raw if self.reward == "raw" else (raw + 1.0) / 2.0
             info = {"success": raw > 0, "raw_reward": raw, "reason": state["reason"]}
@@ -253,9 +251,10 @@ class BrowserEnv:
         return None
 
     async def close(self) -> None:
-        session, self.session = self.session, None
+        """End the episode: its context, with every page it opened, is closed."""
+        session, self.session, self.finished = self.session, None, True
         if session is not None:
-            await self.pool.release(session, keep_page=self.task_ended and not self.interrupted)
+            await self.pool.release(session)
 
 
 def _options(options: dict[str, Any]) -> dict[str, Any]:
@@ -272,6 +271,11 @@ def _options(options: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(tasks, list) or not tasks or not all(isinstance(t, str) for t in tasks):
         raise ConfigError(f"env.options.tasks must be a list of MiniWoB task names, got {tasks!r}")
     opts["tasks"] = check_tasks(tasks)
+    if opts["reload"] == "task_change":
+        raise ConfigError(
+            "env.options.reload = 'task_change' is gone: every episode now runs in a fresh "
+            "browser context, so no loaded page is reused; use 'always' (the default)"
+        )
     for key, allowed in (("observation", OBSERVATIONS), ("reward", REWARDS), ("reload", RELOADS)):
         if opts[key] not in allowed:
             raise ConfigError(
@@ -302,9 +306,8 @@ def spec(options: dict[str, Any], seed: int) -> EnvSpec:
     instances, default 100), ``chromium`` (executable; default from PATH),
     ``action_timeout_s`` (one browser call, default 10), ``instructions``
     (the action legend in the first observation, default true), ``reload``
-    ("always": every reset loads the task page afresh, the default;
-    "task_change": a page whose last episode the task itself ended keeps the
-    task loaded and only re-seeds it, about 5x faster), ``positions``
+    (only "always" is left: every episode loads the task in a fresh browser
+    context), ``positions``
     (element boxes in the DOM text, default true), ``boxed_click`` (a turn
     with no JSON but a last ``\\boxed{N}`` clicks [N]; default false; see
     `browser_actions`). Chromium and
@@ -323,7 +326,6 @@ def spec(options: dict[str, Any], seed: int) -> EnvSpec:
             opts["reward"],
             float(opts["action_timeout_s"]),
             opts["instructions"],
-            opts["reload"],
             opts["positions"],
             opts["boxed_click"],
         )

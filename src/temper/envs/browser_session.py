@@ -14,6 +14,14 @@ Playwright do it):
   (run whenever a pool starts) kills any Chromium still holding a profile of
   a dead owner and deletes those profiles, as a second line of defence.
 
+Episodes share nothing: each lease opens a fresh browser context (its own
+storage, cookies, IndexedDB, cache, permissions and history) with one page,
+and the release closes it. Tabs and windows the page opens (a link opened
+with Control+Enter or Shift+Enter, ``window.open``) are closed as soon as
+Playwright reports them, and counted. Chromium keeps one clipboard per
+browser, not per context, so each lease also empties it; episodes that run
+at the same time in one browser (``pages_per_browser > 1``) still share it.
+
 Playwright (its Python package and Node driver, no browser download) talks to
 each browser over CDP (`connect_over_cdp`). All Playwright objects live on one
 event loop in a dedicated thread (`BrowserPool`); callers on any loop submit
@@ -194,19 +202,33 @@ class ChromiumProcess:
         shutil.rmtree(self.profile, ignore_errors=True)
 
 
+#: Empties the browser-wide clipboard: a copy whose data is "" (execCommand runs
+#: because Playwright evaluates with a user gesture). Returns whether it ran.
+_CLEAR_CLIPBOARD = """() => {
+  const empty = (e) => { e.clipboardData.setData('text/plain', ''); e.preventDefault(); };
+  document.addEventListener('copy', empty, true);
+  try { return document.execCommand('copy'); }
+  finally { document.removeEventListener('copy', empty, true); }
+}"""
+
+
 @dataclass
 class PageSession:
-    """One page of one pooled browser, leased to one episode at a time.
+    """One episode slot of one pooled browser.
 
-    `page` is None after the page was killed; `BrowserPool.lease` opens a new one.
+    While leased it holds a fresh browser context and its one page (`page`);
+    both are None between leases. `popups_closed` counts the other pages the
+    current episode opened (closed at once).
     """
 
     index: int
     browser: Any  # the pool's _Browser
+    context: Any = None
     page: Any = None
+    #: The _Browser that holds `context` (`browser` may be replaced after a crash).
+    host: Any = None
     episodes: int = 0
-    #: What the page shows, for envs that may reuse a loaded page (None: unknown).
-    url: str | None = None
+    popups_closed: int = 0
 
 
 class _Browser:
@@ -214,7 +236,6 @@ class _Browser:
 
     def __init__(self, process: ChromiumProcess, connection: Any) -> None:
         self.process, self.connection = process, connection
-        self.context = connection.contexts[0] if connection.contexts else None
 
     @property
     def alive(self) -> bool:
@@ -222,7 +243,7 @@ class _Browser:
 
 
 class BrowserPool:
-    """`size` browsers x `pages_per_browser` pages, leased to episodes and reset between them.
+    """`size` browsers x `pages_per_browser` episode slots; each lease is a fresh context.
 
     Nothing starts until the first `lease`. `call(coro)` runs a coroutine on
     the pool's browser loop, from any thread or event loop; the helpers
@@ -247,7 +268,8 @@ class BrowserPool:
         self._playwright: Any = None
         self.browsers: list[_Browser] = []
         self.sessions: list[PageSession] = []
-        self.pages_killed = 0
+        self.contexts_closed = 0
+        self.popups_closed = 0
         self.browsers_restarted = 0
 
     # -------------------------------------------------------------- threading
@@ -299,43 +321,75 @@ class BrowserPool:
             raise
         return _Browser(process, connection)
 
-    async def _open_page(self, session: PageSession) -> None:
-        if not session.browser.alive:  # crashed: replace the browser, keep the slot
-            with contextlib.suppress(Exception):
-                session.browser.process.kill()
-            dead, fresh = session.browser, await self._launch()
-            self.browsers[self.browsers.index(dead)] = fresh
-            for other in self.sessions:  # the dead browser's other pages move too
-                if other.browser is dead:
-                    other.browser, other.page, other.url = fresh, None, None
-            self.browsers_restarted += 1
-        browser = session.browser
-        if browser.context is None:
-            browser.context = await browser.connection.new_context()
-        session.page, session.url = await browser.context.new_page(), None
+    async def _restart(self, dead: _Browser) -> None:
+        """Replace a crashed browser; every slot it served moves to the new one."""
+        with contextlib.suppress(Exception):
+            dead.process.kill()
+        fresh = await self._launch()
+        self.browsers[self.browsers.index(dead)] = fresh
+        for other in self.sessions:
+            if other.browser is dead:
+                other.browser = fresh
+        self.browsers_restarted += 1
+
+    async def _open(self, session: PageSession) -> None:
+        """A fresh context and page for the slot's next episode, clipboard emptied."""
+        if not session.browser.alive:
+            await self._restart(session.browser)
         width, height = self.viewport
-        await session.page.set_viewport_size({"width": width, "height": height})
+        session.host, session.popups_closed = session.browser, 0
+        session.context = await session.browser.connection.new_context(
+            viewport={"width": width, "height": height}
+        )
+        try:
+            session.context.on("page", lambda page: self._on_page(session, page))
+            session.page = await session.context.new_page()
+            if not await session.page.evaluate(_CLEAR_CLIPBOARD):
+                raise RuntimeError("could not empty the browser's clipboard")
+        except BaseException:
+            await self._close(session)
+            raise
+
+    async def _on_page(self, session: PageSession, page: Any) -> None:
+        """Close any page of the episode's context but its own (tabs, windows, popups)."""
+        # The episode's own page may be reported before new_page returns it.
+        if session.page is None or page is session.page or page.context is not session.context:
+            return
+        # Counted before the await: by the time close returns, the slot may hold another episode.
+        session.popups_closed += 1
+        self.popups_closed += 1
+        with contextlib.suppress(Exception):  # if it fails, the context's close takes it
+            await asyncio.wait_for(page.close(), timeout=5)
+
+    async def _close(self, session: PageSession) -> None:
+        """Close the slot's context and with it every page it has."""
+        context, host = session.context, session.host
+        session.context = session.page = session.host = None
+        if context is None:
+            return
+        try:
+            await asyncio.wait_for(context.close(), timeout=5)
+        except Exception:  # a browser that cannot close a context is wedged: replace it
+            host.process.kill()  # the next lease of its slots restarts it
+        self.contexts_closed += 1
 
     async def _lease(self) -> PageSession:
         assert self._free is not None
         session = await self._free.get()
         try:
-            if session.page is None or session.page.is_closed() or not session.browser.alive:
-                await self._open_page(session)
+            await self._open(session)
         except BaseException:
             self._free.put_nowait(session)
             raise
         session.episodes += 1
         return session
 
-    async def _release(self, session: PageSession, keep_page: bool) -> None:
+    async def _release(self, session: PageSession) -> None:
         assert self._free is not None
-        if not keep_page and session.page is not None:
-            page, session.page, session.url = session.page, None, None
-            self.pages_killed += 1
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(page.close(), timeout=5)
-        self._free.put_nowait(session)
+        try:
+            await self._close(session)
+        finally:
+            self._free.put_nowait(session)
 
     async def _stop(self) -> None:
         for browser in self.browsers:
@@ -350,15 +404,16 @@ class BrowserPool:
 
     # -------------------------------------------------------------- public
     async def lease(self) -> PageSession:
-        """A free page session (waits while all are leased); opens its page if it has none.
+        """A free slot (waits while all are leased) with a fresh context and page.
 
-        If the caller is cancelled just as the browser thread completes the lease,
-        the session goes back to the pool (its page killed) instead of being lost.
+        A cancelled caller does not cancel the lease in the browser thread: a
+        context whose creation was cut short could still open there, unowned.
+        The lease runs to the end and the slot goes back (its context closed).
         """
         loop = self._ensure_thread()
         future = asyncio.run_coroutine_threadsafe(self._lease(), loop)
         try:
-            return await asyncio.wrap_future(future)
+            return await asyncio.shield(asyncio.wrap_future(future))
         except asyncio.CancelledError:
             future.add_done_callback(self._return_orphan)
             raise
@@ -366,11 +421,17 @@ class BrowserPool:
     def _return_orphan(self, future: Any) -> None:
         if future.cancelled() or future.exception() is not None or self._loop is None:
             return
-        asyncio.run_coroutine_threadsafe(self._release(future.result(), False), self._loop)
+        asyncio.run_coroutine_threadsafe(self._release(future.result()), self._loop)
 
-    async def release(self, session: PageSession, keep_page: bool) -> None:
-        """Give a session back; `keep_page=False` kills its page (a new one opens on next lease)."""
-        await self.call(self._release(session, keep_page))
+    async def release(self, session: PageSession) -> None:
+        """Close the slot's context (every page in it) and give the slot back.
+
+        Runs to the end even if the caller is cancelled meanwhile (a half-closed
+        context would keep its pages and processes).
+        """
+        loop = self._ensure_thread()
+        future = asyncio.run_coroutine_threadsafe(self._release(session), loop)
+        await asyncio.shield(asyncio.wrap_future(future))
 
     def memory_bytes(self, kind: str = "Pss") -> list[int]:
         """Memory of each running browser in bytes (`ChromiumProcess.memory_bytes`)."""

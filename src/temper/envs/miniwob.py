@@ -166,8 +166,6 @@ class MiniWoBTasks:
 _START = """([seed, maxTime]) => {
   core.EPISODE_MAX_TIME = maxTime;
   if (core.EP_TIMER !== null) { clearTimeout(core.EP_TIMER); core.EP_TIMER = null; }
-  // A re-seeded page must look freshly loaded: no focus left from the last episode.
-  if (document.activeElement && document.activeElement !== document.body) document.activeElement.blur();
   Math.seedrandom(seed);
   core.startEpisodeReal();
   return typeof WOB_TASK_READY === 'undefined' ? true : WOB_TASK_READY;
@@ -187,18 +185,10 @@ _CENTER = """(ref) => {
 _NO_TASK_TIMER_MS = 10**9
 
 
-async def start_episode(page: Any, url: str, seed: int, navigate: bool = True) -> None:
-    """Start the instance generated from `seed` (browser loop only).
-
-    With `navigate` the page loads `url` afresh first; without, the page must
-    hold that task already, its last episode ended by the task itself (so
-    every element gets fresh refs, as on a fresh load).
-    """
-    if navigate:
-        await page.goto(url, wait_until="load")
-        await page.wait_for_function("typeof core !== 'undefined' && core.cover_div !== null")
-    else:
-        await page.mouse.move(0, 0)  # no hover left over either
+async def start_episode(page: Any, url: str, seed: int) -> None:
+    """Load task `url` in `page` and start the instance generated from `seed` (browser loop)."""
+    await page.goto(url, wait_until="load")
+    await page.wait_for_function("typeof core !== 'undefined' && core.cover_div !== null")
     ready = await page.evaluate(_START, [str(seed), _NO_TASK_TIMER_MS])
     if not ready:
         await page.wait_for_function("WOB_TASK_READY === true", timeout=10_000)
