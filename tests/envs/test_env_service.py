@@ -325,3 +325,40 @@ def test_an_image_path_from_the_wire_is_refused_not_read():
 
         assert asyncio.run(probe()) == ["bad_image", "bad_image"]
         assert server.service.counts["sessions_opened"] == 0
+
+
+def test_a_built_in_image_env_serves_the_same_episode_as_in_process():
+    """visual_grid over the wire: the same first observation and the same step, the
+    rendered grid arriving as the very PNG bytes the env made."""
+    from temper.envs import AssistantTurn as Turn
+    from temper.vision.images import load_image
+
+    local = build_env_spec("visual_grid", {"eval_size": 2}, 0)
+    task = local.heldout[0]
+    move = Turn("I move \\boxed{right}", [])
+
+    async def play(make_env) -> tuple[list, object]:
+        env = make_env(task)
+        try:
+            first = await env.reset(task, 5)
+            return first, await env.step(move)
+        finally:
+            await env.close()
+
+    with ServerThread("visual_grid", {"eval_size": 2}) as server:
+        f = EnvFleet([server.url], env_fingerprint("visual_grid", {"eval_size": 2}))
+        there, there_step = asyncio.run(play(remote_spec(local, f).make_env))
+    here, here_step = asyncio.run(play(local.make_env))
+
+    def shown(messages: list) -> list:
+        out = []
+        for m in messages:
+            content = m["content"] if isinstance(m["content"], list) else [m["content"]]
+            for p in content:
+                is_image = isinstance(p, dict) and p.get("type") == "image"
+                out.append(load_image(p["image"]).sha256 if is_image else p)
+        return out
+
+    assert shown(there) == shown(here) and any(len(str(x)) == 64 for x in shown(here))
+    assert shown(there_step.observation) == shown(here_step.observation)
+    assert (there_step.reward, there_step.done) == (here_step.reward, here_step.done)

@@ -36,12 +36,16 @@ def env_fingerprint(kind: str, options: dict[str, Any]) -> str:
 
 
 class ImageCache:
-    """One connection's images: the server remembers what it sent, the client keeps
-    the bytes it got."""
+    """One connection's images, each direction apart: the hashes this side has sent
+    (the peer holds their bytes) and the bytes this side has received. Keeping the
+    directions apart matters: an image this side sent is not one it can resolve by
+    hash, and the peer only ever names by hash what it sent before, in order, on the
+    same ordered socket; both ends forget the oldest first, past ``limit``."""
 
     def __init__(self, limit: int = 4096) -> None:
         self.limit = limit
-        self.images: dict[str, bytes] = {}
+        self.sent: dict[str, None] = {}
+        self.received: dict[str, bytes] = {}
 
     def pack(self, messages: list[Message]) -> list[Message]:
         return [_map_parts(m, self._pack_part) for m in messages]
@@ -57,8 +61,8 @@ class ImageCache:
         except ImageError as exc:
             raise WireError("bad_image", str(exc)) from None
         out = {"type": "image", "sha256": image.sha256}
-        if image.sha256 not in self.images:
-            self._remember(image.sha256, b"")  # the peer has it now; no need to keep the bytes
+        if image.sha256 not in self.sent:
+            _remember(self.sent, image.sha256, None, self.limit)
             out["png"] = image.png
         return out
 
@@ -76,17 +80,19 @@ class ImageCache:
             return part
         if not isinstance(part.get("sha256"), str):
             raise WireError("bad_image", "an image on the wire is {type, sha256, png}")
-        png = part.get("png")
+        png, sha = part.get("png"), part["sha256"]
         if isinstance(png, bytes):
-            self._remember(part["sha256"], png)
-        elif part["sha256"] not in self.images:
-            raise WireError("bad_image", f"image {part['sha256'][:12]} was never sent")
-        return {"type": "image", "image": self.images[part["sha256"]]}
+            _remember(self.received, sha, png, self.limit)
+        elif sha not in self.received:
+            raise WireError("bad_image", f"image {sha[:12]} was never sent")
+        return {"type": "image", "image": self.received[sha]}
 
-    def _remember(self, sha: str, png: bytes) -> None:
-        if len(self.images) >= self.limit:
-            self.images.pop(next(iter(self.images)))
-        self.images[sha] = png
+
+def _remember(table: dict[str, Any], key: str, value: Any, limit: int) -> None:
+    """Insert, forgetting the oldest past ``limit`` (the same order at both ends)."""
+    if key not in table and len(table) >= limit:
+        table.pop(next(iter(table)))
+    table[key] = value
 
 
 def _map_parts(message: Message, fn: Any) -> Message:
