@@ -151,7 +151,7 @@ class OpenEnvRoute:
         task = self._task(data)
         await self._end(episode)
         peer = episode.peer
-        peer.images.images.clear()  # an OpenEnv client keeps no images: send each in full
+        peer.images.sent.clear()  # an OpenEnv client keeps no images: send each in full
         answer = await self.service.call(
             peer, {"op": "open", "task": task_to_wire(task, ImageCache()), "seed": seed}
         )
@@ -176,7 +176,7 @@ class OpenEnvRoute:
         calls, errors = parse_tool_calls(text)
         turn = AssistantTurn(text, [], calls, errors, index=episode.step_count)
         peer = episode.peer
-        peer.images.images.clear()
+        peer.images.sent.clear()
         answer = await self.service.call(
             peer, {"op": "step", "session": episode.session, "turn": turn_to_wire(turn)}
         )
@@ -234,7 +234,7 @@ class OpenEnvRoute:
 
     def _observation(self, peer: Any, messages: list[Message]) -> dict[str, Any]:
         """Packed messages as JSON can carry them, with their text."""
-        known = {sha: png for sha, png in peer.images.images.items() if png}
+        known = dict(peer.images.received)
         out = [_json_message(m, known) for m in messages]
         return {"messages": out, "text": "\n".join(_text(m) for m in out)}
 
