@@ -64,7 +64,8 @@ class ServerThread(ServiceThread):
         self.kind, self.options = kind, dict(options or {})
         spec = build_env_spec(kind, self.options, 0)
         fingerprint = env_fingerprint(kind, self.options)
-        super().__init__(EnvService(spec, kind, fingerprint, ServiceLimits(**limits)))
+        service = EnvService(spec, kind, fingerprint, ServiceLimits(**limits), self.options)
+        super().__init__(service)
 
 
 class SandboxThread(ServiceThread):

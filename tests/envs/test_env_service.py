@@ -30,7 +30,9 @@ GREEDY = SamplingParams(max_new_tokens=16, temperature=0.0)
 
 
 def fleet(*urls: str, options: dict | None = None, **kw) -> EnvFleet:
-    return EnvFleet(list(urls), env_fingerprint(COUNTER, options or {}), **kw)
+    options = options or {}
+    fingerprint = env_fingerprint(COUNTER, options)
+    return EnvFleet(list(urls), fingerprint, env_type=COUNTER, options=options, **kw)
 
 
 def free_port() -> int:
@@ -154,7 +156,10 @@ def test_bad_input_ends_only_its_call_and_the_server_keeps_serving(tokenizer):
 
 def test_a_server_of_another_env_or_version_is_a_config_error():
     with ServerThread(COUNTER, {"turns": 5}) as server:
-        with pytest.raises(ConfigError, match=r"env\.servers: .*env_mismatch.*env\.options"):
+        with pytest.raises(
+            ConfigError,
+            match=r"env\.servers: .*env_mismatch: .* with other env\.options \(turns: here 4, there 5\)",
+        ):
             check_servers(fleet(server.url, options={"turns": 4}))
         check_servers(fleet(server.url, options={"turns": 5}))  # the right one passes
         # A server that is down while another answers is left to the episodes' retries.

@@ -144,6 +144,8 @@ def build_remote_env_spec(spec: EnvSpec, cfg: EnvConfig, urls: list[str] | None 
         list(urls or cfg.servers),
         env_fingerprint(cfg.type, cfg.options),
         call_timeout_s=cfg.call_timeout_s,
+        env_type=cfg.type,
+        options=cfg.options,
     )
     check_servers(fleet)
     return remote_spec(spec, fleet)

@@ -116,7 +116,10 @@ def cmd_env_serve(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.ray:
         return _serve_ray(args, cfg, limits)
     spec = build_env_spec(cfg.env.type, cfg.env.options, cfg.run.seed)
-    service = EnvService(spec, cfg.env.type, env_fingerprint(cfg.env.type, cfg.env.options), limits)
+    env = cfg.env
+    service = EnvService(
+        spec, env.type, env_fingerprint(env.type, env.options), limits, env.options
+    )
     openenv = {"/ws": OpenEnvRoute(service)}  # OpenEnv clients: base URL http://host:port
     server = WireServer(service, args.host, args.port, extra_routes=openenv)
     what = f"env {service.env_type!r} ({service.fingerprint}; OpenEnv clients at /ws)"

@@ -20,6 +20,7 @@ from temper.envs.registry import EnvSpec
 from temper.envs.service.messages import (
     PROTOCOL_VERSION,
     ImageCache,
+    identity_options,
     result_from_wire,
     task_to_wire,
     turn_to_wire,
@@ -61,6 +62,8 @@ class EnvFleet:
         urls: list[str],
         fingerprint: str,
         *,
+        env_type: str = "",
+        options: dict[str, Any] | None = None,
         call_timeout_s: float = 300.0,
         down_for_s: float = 10.0,
     ) -> None:
@@ -73,6 +76,8 @@ class EnvFleet:
             down_for_s,
         )
         self.infra_failures = 0
+        #: This run's env, to say what differs from a server's (the fingerprint decides).
+        self.env_type, self.options = env_type, dict(options or {})
 
     def pick(self) -> _Server:
         """The live server with the fewest of our sessions (any, if all are down)."""
@@ -106,12 +111,21 @@ class EnvFleet:
                 "hello", timeout_s=self.call_timeout_s, version=PROTOCOL_VERSION
             )
             if hello.get("fingerprint") != self.fingerprint:
-                raise WireError(
-                    "env_mismatch",
-                    f"{server.url} serves env {hello.get('env')!r} ({hello.get('fingerprint')}), "
-                    f"not this run's ({self.fingerprint}): check env.type and env.options",
-                )
+                raise WireError("env_mismatch", self._mismatch(server, hello))
             server.greeted_generation = server.wire.generation
+
+    def _mismatch(self, server: _Server, hello: dict[str, Any]) -> str:
+        """What differs between the server's env and this run's, in words."""
+        theirs = hello.get("options")
+        if hello.get("env") != self.env_type or not isinstance(theirs, dict):
+            return (
+                f"{server.url} serves env {hello.get('env')!r}, not this run's "
+                f"{self.env_type!r}: check env.type and env.options"
+            )
+        ours = identity_options(self.options)
+        keys = sorted(k for k in set(ours) | set(theirs) if ours.get(k) != theirs.get(k))
+        shown = ", ".join(f"{k}: here {ours.get(k)!r}, there {theirs.get(k)!r}" for k in keys)
+        return f"{server.url} serves {self.env_type!r} with other env.options ({shown})"
 
     async def check(self) -> None:
         """Greet every server now. A wrong env or version is a `ConfigError` (exit 2),

@@ -27,10 +27,15 @@ PROTOCOL_VERSION = 1
 PLACEMENT_OPTIONS = frozenset({"sandbox_servers", "sandbox_workers", "warm_sandboxes"})
 
 
+def identity_options(options: dict[str, Any]) -> dict[str, Any]:
+    """The options that make an env what it is: all but the placement ones."""
+    return {k: v for k, v in options.items() if k not in PLACEMENT_OPTIONS}
+
+
 def env_fingerprint(kind: str, options: dict[str, Any]) -> str:
     """What names an env across the wire: its type and its options (placement ones left
     out). A run refuses a server whose fingerprint differs from its own `[env]`."""
-    kept = {k: v for k, v in options.items() if k not in PLACEMENT_OPTIONS}
+    kept = identity_options(options)
     text = json.dumps({"type": kind, "options": kept}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -41,7 +41,7 @@ class EnvServerActor:
         limits: ServiceLimits,
     ) -> None:
         spec = build_spec(kind, options, seed)
-        self.service = EnvService(spec, kind, env_fingerprint(kind, options), limits)
+        self.service = EnvService(spec, kind, env_fingerprint(kind, options), limits, options)
         openenv = {"/ws": OpenEnvRoute(self.service)}  # OpenEnv's clients, as env-serve
         self.server = WireServer(self.service, "0.0.0.0", 0, extra_routes=openenv)
         self.host = import_ray().util.get_node_ip_address()  # this actor's node

@@ -27,6 +27,7 @@ from temper.envs.registry import EnvSpec
 from temper.envs.service.messages import (
     PROTOCOL_VERSION,
     ImageCache,
+    identity_options,
     result_to_wire,
     task_from_wire,
     turn_from_wire,
@@ -64,9 +65,17 @@ class EnvService:
     """The `WireHandler` of an env: ops ``hello``, ``open``, ``step``, ``close``."""
 
     def __init__(
-        self, spec: EnvSpec, env_type: str, fingerprint: str, limits: ServiceLimits | None = None
+        self,
+        spec: EnvSpec,
+        env_type: str,
+        fingerprint: str,
+        limits: ServiceLimits | None = None,
+        options: dict[str, Any] | None = None,
     ) -> None:
         self.spec, self.env_type, self.fingerprint = spec, env_type, fingerprint
+        #: The env's options as `hello` shows them (placement ones left out), so that a
+        #: run whose env differs can be told which options differ.
+        self.options = identity_options(options or {})
         self.limits = limits or ServiceLimits()
         self.sessions: dict[str, _Session] = {}
         self.counts: Counter[str] = Counter()
@@ -137,7 +146,12 @@ class EnvService:
                 "protocol_version",
                 f"this server speaks env protocol {PROTOCOL_VERSION}, the client {version!r}",
             )
-        return {"version": PROTOCOL_VERSION, "env": self.env_type, "fingerprint": self.fingerprint}
+        return {
+            "version": PROTOCOL_VERSION,
+            "env": self.env_type,
+            "fingerprint": self.fingerprint,
+            "options": _plain_options(self.options),
+        }
 
     async def _open(self, peer: _Peer, frame: dict[str, Any]) -> dict[str, Any]:
         self._admit()
@@ -267,3 +281,9 @@ class EnvService:
 
 
 _OPS = ("hello", "open", "step", "close", "ping")
+
+
+def _plain_options(options: dict[str, Any]) -> dict[str, Any]:
+    """Options as msgpack carries them (a value it cannot is shown as its repr)."""
+    return {k: v if isinstance(v, str | int | float | bool | list | dict | None) else repr(v)
+            for k, v in options.items()}  # fmt: skip
