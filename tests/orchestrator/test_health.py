@@ -199,3 +199,14 @@ def test_no_update_is_not_checked_without_training():
     idle = {"groups_kept": 2, "groups_dropped": 0, "samples": 8, "reward_errors": 0}
     assert all(mon.check_learning(s, idle, trains=False) == [] for s in range(1, 30))
     assert mon.check_learning(30, idle, last=True, trains=False) == []
+
+
+def test_infra_errors_stop_the_run_only_when_most_episodes_fail():
+    mon = HealthMonitor(HealthConfig())
+    blip = {"env/episodes": 16.0, "env/finish/infra_error": 2.0}
+    assert mon.check(1, blip) == []
+    gone = {"env/episodes": 16.0, "env/finish/infra_error": 12.0}
+    (alert,) = mon.check(2, gone)
+    assert (alert.kind, alert.action, alert.value) == ("infra_errors", "stop", 0.75)
+    assert "12 of 16 episodes failed for the infrastructure" in alert.message
+    assert mon.check(3, {"reward_mean": 0.5}) == []  # a run without env episodes

@@ -57,10 +57,10 @@ class HealthConfig(BaseModel):
         0.5, "stop", "The share of a step's samples whose reward failed above the threshold."
     )
     infra_errors: HealthCheck = _check(
-        0.2,
-        "warn",
+        0.5,
+        "stop",
         "The share of a step's episodes the infrastructure failed (after retries) above "
-        "the threshold: env servers lost or overloaded.",
+        "the threshold: env servers lost or overloaded (a checkpoint, then exit 3).",
     )
     all_groups_dropped: HealthCheck = _check(
         5, "stop", "Every group dropped (equal rewards) for this many steps in a row."
