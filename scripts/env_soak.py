@@ -89,6 +89,7 @@ class Server:
     def __init__(self, port: int, idle_s: float) -> None:
         self.port, self.idle_s = port, idle_s
         self.proc: subprocess.Popen | None = None
+        self.pids: set[int] = set()  # every incarnation's
         self.start()
 
     @property
@@ -101,6 +102,7 @@ class Server:
         env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
         self.proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL,
                                      start_new_session=True)  # fmt: skip
+        self.pids.add(self.proc.pid)
 
     def kill(self) -> None:
         """SIGKILL the server's whole session (bwrap included) and wait until it is gone."""
@@ -160,8 +162,10 @@ def with_session(sid: int, sig: int) -> None:
             os.kill(pid, sig)
 
 
-def bwrap_sandboxes() -> int:
-    """Running sandboxes: bwrap processes whose parent is not bwrap (each sandbox is two)."""
+def bwrap_sandboxes(owners: set[int]) -> int:
+    """Running sandboxes of the soak's own servers (any incarnation): bwrap processes
+    whose parent is not bwrap (each sandbox is two) and whose scratch or /etc dir is
+    named by one of ``owners``; another run's sandboxes on the machine are not counted."""
     count = 0
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -169,10 +173,14 @@ def bwrap_sandboxes() -> int:
         try:
             stat = (entry / "stat").read_text()
             parent = int(stat.rsplit(")", 1)[1].split()[1])
-            if "(bwrap)" in stat and "(bwrap)" not in Path(f"/proc/{parent}/stat").read_text():
-                count += 1
+            if "(bwrap)" not in stat or "(bwrap)" in Path(f"/proc/{parent}/stat").read_text():
+                continue
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace")
         except (OSError, IndexError):
             continue
+        if any(f"temper-sandbox-{pid}-" in argv or f"temper-sandbox-etc-{pid}-" in argv
+               for pid in owners):  # fmt: skip
+            count += 1
     return count
 
 
@@ -324,7 +332,8 @@ def main() -> int:
         time.sleep(args.idle_timeout_s * 2 + 1)  # an idle timeout and a reaper pass
         rss.append(survivor.rss_mb())
         sessions_left = sum(max(0, s.sessions()) for s in servers)
-        sandboxes_beyond_pools = bwrap_sandboxes() - POOL_SIZE * len(servers)
+        owners = {pid for s in servers for pid in s.pids}
+        sandboxes_beyond_pools = bwrap_sandboxes(owners) - POOL_SIZE * len(servers)
         counts = {f: total(f) for f in FIELDS}
     finally:
         for proc in clients:
@@ -345,7 +354,7 @@ def main() -> int:
         "sessions_left": sessions_left,
         "sandboxes_beyond_warm_pools": sandboxes_beyond_pools,
         "processes_left": processes_left,
-        "bwrap_left": bwrap_sandboxes(),
+        "bwrap_left": bwrap_sandboxes({pid for s in servers for pid in s.pids}),
         "scratch_dirs_left": len(dirs),
         "survivor_rss_mb": [round(x, 1) for x in rss],
         "survivor_rss_growth_mb": round(rss[-1] - rss[0], 1) if len(rss) == 2 else None,

@@ -5,6 +5,7 @@ and a lost server as an infrastructure error of the episode, never a tool error.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import socket
@@ -191,3 +192,46 @@ def test_dirs_left_by_a_killed_process_are_reclaimed_and_live_ones_kept(tmp_path
     assert bwrap.reclaim_orphans(cfg) >= 1
     assert not os.path.exists(orphan) and os.path.isdir(mine) and unrelated.is_dir()
     bwrap.remove_tree(mine)
+
+
+def test_a_sandbox_whose_owner_died_while_starting_it_is_killed():
+    """A bwrap adopted by init, whose owner (named in its dirs) is dead, is reclaimed;
+    one whose owner lives is not."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from temper.sandbox import bwrap
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True).stdout.strip()  # fmt: skip
+
+    def orphan(owner: str) -> int:
+        # sh starts bwrap in the background and exits: bwrap is adopted by init.
+        cmd = (f"bwrap --ro-bind / / --dev /dev --setenv OWNER /tmp/temper-sandbox-{owner}-x "
+               "sleep 120 > /dev/null 2>&1 & echo $!")  # fmt: skip
+        return int(subprocess.run(["sh", "-c", cmd], capture_output=True, text=True).stdout)
+
+    def alive(pid: int) -> bool:
+        try:
+            return open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[0] not in "ZX"
+        except OSError:
+            return False
+
+    lost, kept = orphan(dead), orphan(str(os.getpid()))
+    try:
+        deadline = time.monotonic() + 30
+        while not (alive(lost) and alive(kept)):
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert bwrap._kill_orphaned_sandboxes() >= 1
+        deadline = time.monotonic() + 30
+        while alive(lost):
+            assert time.monotonic() < deadline, "the orphaned sandbox still runs"
+            time.sleep(0.05)
+        assert alive(kept)
+    finally:
+        for pid in (lost, kept):
+            with contextlib.suppress(OSError):
+                os.kill(pid, 9)

@@ -363,11 +363,12 @@ _ORPHAN = re.compile(r"temper-sandbox-(?:etc-)?(\d+)-")
 
 
 def reclaim_orphans(cfg: SandboxConfig) -> int:
-    """Delete the scratch and /etc dirs of processes that no longer run (a server
-    killed with SIGKILL never ran its clean-up); once per process and scratch root.
-    Returns how many were removed. A dir of a live process is never touched."""
+    """Kill the sandboxes, and delete the scratch and /etc dirs, of processes that no
+    longer run (a server killed with SIGKILL never ran its clean-up, and one killed
+    while it was starting a sandbox can leave that bwrap behind); once per process and
+    scratch root. Returns how many were removed. A live process's are never touched."""
     roots = [cfg.scratch_root or tempfile.gettempdir(), "/dev/shm"]
-    removed = 0
+    removed = 0 if _reclaimed else _kill_orphaned_sandboxes()
     for root in roots:
         if root in _reclaimed or not os.path.isdir(root):
             continue
@@ -378,6 +379,30 @@ def reclaim_orphans(cfg: SandboxConfig) -> int:
                 continue
             removed += remove_tree(os.path.join(root, name))
     return removed
+
+
+def _kill_orphaned_sandboxes() -> int:
+    """SIGKILL each bwrap adopted by init whose owner (the pid in its scratch or /etc
+    dir's name) is dead; its sandbox dies with it (--die-with-parent)."""
+    killed = 0
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry.name}/stat") as f:
+                stat = f.read()
+            if "(bwrap)" not in stat or stat.rsplit(")", 1)[1].split()[1] != "1":
+                continue
+            with open(f"/proc/{entry.name}/cmdline", "rb") as f:
+                argv = f.read().decode(errors="replace")
+        except OSError:
+            continue
+        owners = {int(m) for m in re.findall(r"temper-sandbox-(?:etc-)?(\d+)-", argv)}
+        if owners and not any(_pid_alive(pid) for pid in owners):
+            with contextlib.suppress(OSError):
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed += 1
+    return killed
 
 
 def _pid_alive(pid: int) -> bool:
