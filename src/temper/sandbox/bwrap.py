@@ -27,6 +27,7 @@ import threading
 import time
 from pathlib import PurePosixPath
 
+from temper.processes import pid_alive
 from temper.sandbox._server import empty_dir
 from temper.sandbox.config import WORKDIR, SandboxConfig
 
@@ -375,7 +376,7 @@ def reclaim_orphans(cfg: SandboxConfig) -> int:
         _reclaimed.add(root)
         for name in os.listdir(root):
             match = _ORPHAN.match(name)
-            if match is None or _pid_alive(int(match.group(1))):
+            if match is None or pid_alive(int(match.group(1))):
                 continue
             removed += remove_tree(os.path.join(root, name))
     return removed
@@ -398,21 +399,11 @@ def _kill_orphaned_sandboxes() -> int:
         except OSError:
             continue
         owners = {int(m) for m in re.findall(r"temper-sandbox-(?:etc-)?(\d+)-", argv)}
-        if owners and not any(_pid_alive(pid) for pid in owners):
+        if owners and not any(pid_alive(pid) for pid in owners):
             with contextlib.suppress(OSError):
                 os.kill(int(entry.name), signal.SIGKILL)
                 killed += 1
     return killed
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _parts(rel: str) -> list[str]:
