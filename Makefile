@@ -10,7 +10,8 @@ VLLM_STAMP := .venv-vllm/.temper-setup
 VLLM_TESTS := tests/engine/test_vllm_engine.py tests/orchestrator/test_vllm_runs.py \
 	tests/rollout/test_multi_turn.py tests/trainer/test_policy_trainer.py \
 	tests/trainer/test_batching.py tests/engine/test_native_engine.py tests/engine/test_hf_engine.py \
-	tests/vision/test_vlm_vllm.py tests/vision/test_vlm_rollouts.py tests/models/test_tiny_vlm_vllm.py
+	tests/vision/test_vlm_vllm.py tests/vision/test_vlm_rollouts.py tests/models/test_tiny_vlm_vllm.py \
+	tests/serve/test_vllm_structured.py
 export TOKENIZERS_PARALLELISM := false
 
 .PHONY: setup setup-vllm demo test test-vllm test-fast lint format bench clean
@@ -69,6 +70,7 @@ bench: setup
 	$(PY) benchmarks/env_service.py
 	$(PY) benchmarks/wire_transport.py
 	$(PY) benchmarks/sandbox_claims.py
+	$(PY) benchmarks/gateway.py
 
 clean:
 	rm -rf $(VENV) .venv-vllm runs .pytest_cache .ruff_cache

@@ -29,7 +29,7 @@ FLOORS: dict[str, int] = {
     "data": 5,
     "envs": 6,
     **dict.fromkeys(["rollout", "trainer", "serve"], 7),
-    **dict.fromkeys(["eval", "backends"], 8),
+    **dict.fromkeys(["eval", "backends", "agents"], 8),
     "builder": 9,
     "orchestrator": 10,
     "api": 11,

@@ -72,6 +72,9 @@ class Trajectory:
     reward_components: dict[str, float] = field(default_factory=dict)
     reward_error: str | None = None
     correct: bool | None = None
+    #: True: `correct` is the verdict the reward declared; False: no reward component
+    #: declared one, so `correct` is the default rule, reward >= 1; None: not recorded.
+    correct_declared: bool | None = None
     advantage: float = 0.0
     num_turns: int = 1
     turn_spans: list[tuple[int, int]] = field(default_factory=list)
@@ -94,8 +97,17 @@ class Trajectory:
     #: One advantage per response token (turn-level credit, `temper.algos.turn_credit`),
     #: or None: every token has `advantage` (outcome credit).
     token_advantages: list[float] | None = None
+    #: An agent episode's earlier training rows (`temper.agents`): where the agent's
+    #: history stopped extending token-exactly, a new row began. They share this
+    #: episode's reward and advantage and are trained beside it; groups, evals and
+    #: metrics count the episode once.
+    extra_rows: list[Trajectory] = field(default_factory=list)
 
     def __post_init__(self) -> None:
+        # From JSON (a worker's reply, a run's trajectories/ file) the rows come as dicts.
+        self.extra_rows = [
+            r if isinstance(r, Trajectory) else Trajectory(**r) for r in self.extra_rows
+        ]
         n = len(self.response_ids)
         if not (len(self.loss_mask) == len(self.behaviour_logprobs) == len(self.versions) == n):
             raise ValueError(

@@ -26,7 +26,9 @@ def _run(capsys, argv):
 def test_unknown_config_key(capsys, tmp_path):
     code, lines = _run(capsys, ["train", "--trainer.lrr=1", f"--run.output_dir={tmp_path}"])
     assert code == 2
-    assert lines == ["temper: error: invalid config: unknown config key 'trainer.lrr'"]
+    assert lines == [
+        "temper: error: invalid config: unknown config key 'trainer.lrr' (did you mean 'lr'?)"
+    ]
 
 
 def test_wrong_type(capsys, tmp_path):

@@ -21,6 +21,7 @@ def test_quickstart_config_runs(tmp_path, monkeypatch):
             "examples/quickstart/config.toml",
             "--orchestrator.steps=2",
             "--eval.every=0",
+            "--eval.size=4",  # the start and end evals on 4 of its 100 held-out tasks
             "--log.progress=false",
         ]
     )
@@ -31,6 +32,17 @@ def test_quickstart_config_runs(tmp_path, monkeypatch):
     assert len(metrics) == 2
     # Both reward components are logged separately.
     assert "reward/exact_boxed" in metrics[0] and "reward/format" in metrics[0]
+
+
+def test_quickstart_holds_out_a_real_eval_set():
+    """The quickstart's evals are on a held-out file of 100 problems, none of them trained on."""
+    from temper.builder.tasks import build_run_tasks
+    from temper.config import load_config
+
+    tasks = build_run_tasks(load_config(ROOT / "examples/quickstart/config.toml"))
+    train = {t.prompt for t in tasks.train.tasks}
+    assert len(tasks.heldout) == 100
+    assert train and not train & {t.prompt for t in tasks.heldout}
 
 
 def test_eval_command_writes_json(tmp_path, capsys):

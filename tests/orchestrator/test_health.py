@@ -47,7 +47,7 @@ def test_length_explosion_against_the_first_steps():
 
 
 def test_throughput_regression_against_moving_average():
-    mon = HealthMonitor(HealthConfig(window=4))
+    mon = HealthMonitor(HealthConfig(window=4, throughput_steps=1))
     for s in range(1, 5):
         assert mon.check(s, GOOD) == []
     assert _kinds(mon.check(5, {**GOOD, "gen_tokens_per_s": 100.0})) == ["throughput"]
@@ -62,7 +62,8 @@ def test_a_sustained_throughput_drop_alerts_once_until_it_recovers():
     rates += [base] * 4 + [0.1 * base] * 3  # recovered, then a second drop
     for step, rate in enumerate(rates, start=1):
         alerts += mon.check(step, {**GOOD, "gen_tokens_per_s": rate})
-    assert [(a.kind, a.step) for a in alerts] == [("throughput", 5), ("throughput", 21)]
+    # Each drop fires on its third slow step (health.throughput_steps = 3).
+    assert [(a.kind, a.step) for a in alerts] == [("throughput", 7), ("throughput", 23)]
 
 
 def test_reward_hacking_reward_up_while_heldout_flat():

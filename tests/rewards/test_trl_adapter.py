@@ -176,7 +176,10 @@ def test_exceptions_and_bad_shapes_are_recorded_per_sample():
     [short] = asyncio.run(TRLRewardFunction(lambda **kw: [], name="short").score([text_item("a")]))
     assert short.error == "reward function 'short' returned 0 values for 1 completion"
     [scalar] = asyncio.run(TRLRewardFunction(lambda **kw: 1.0, name="n").score([text_item("a")]))
-    assert scalar.error == "reward function 'n' must return a list of floats, got float"
+    assert scalar.error == (
+        "reward function 'n' must return a list (of floats, or of "
+        '{"score": ..., "correct": ...} dicts), got float'
+    )
 
 
 def test_run_in_thread():

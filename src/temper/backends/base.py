@@ -16,7 +16,7 @@ process, an in-process transport) and `temper.backends.remote.RemoteBackend`
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -44,9 +44,13 @@ class Rollouts:
     reward: Reward | None
     renderer: PromptRenderer | None  # single-turn runs only: to check prompt lengths
     env_spec: EnvSpec | None = None
+    #: What else the source holds open (an agent run's gateway), closed here too.
+    close_source: Callable[[], None] | None = None
 
     def close(self) -> None:
-        """Close the reward's workers and the env spec's shared resources."""
+        """Close the reward's workers, the env spec's shared resources and the source's."""
+        if self.close_source is not None:
+            self.close_source()
         if self.reward is not None:
             self.reward.close()
         if self.env_spec is not None and self.env_spec.close is not None:

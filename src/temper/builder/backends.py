@@ -8,7 +8,7 @@ from pathlib import Path
 
 from temper.backends.base import RolloutBackend, Rollouts
 from temper.backends.local import LocalBackend
-from temper.builder.engines import build_engine
+from temper.builder.engines import build_engine, check_response_fits, run_response_limits
 from temper.builder.model import RunModel
 from temper.builder.rollouts import build_renderer, build_rollouts, build_worker_parts
 from temper.builder.tasks import RunTasks
@@ -20,9 +20,11 @@ def build_backend(
 ) -> RolloutBackend:
     """The run's rollout backend, started and ready. Its engines start from
     ``model.weights`` (the base model or the checkpoint being resumed); worker pid
-    files go to ``run_dir/workers``."""
+    files go to ``run_dir/workers``. A response limit longer than the engine's context
+    is refused here (`check_response_fits`)."""
     if cfg.orchestrator.backend == "local":
         engine = build_engine(cfg, model)
+        check_response_fits(run_response_limits(cfg), engine.max_context)
         return LocalBackend(engine, build_rollouts(cfg, engine, model, tasks))
     # The reward and the engines live in the workers only; the pool's source is put in
     # when the backend starts. A single-turn run keeps a renderer to check prompt lengths.
@@ -31,7 +33,11 @@ def build_backend(
     if cfg.orchestrator.backend == "ray":
         from temper.backends.ray_backend import start_ray_backend
 
-        return start_ray_backend(cfg, model.weights, rollouts, build_worker_parts)
-    from temper.backends.remote import RemoteBackend
+        backend = start_ray_backend(cfg, model.weights, rollouts, build_worker_parts)
+    else:
+        from temper.backends.remote import RemoteBackend
 
-    return RemoteBackend.start(cfg, model.weights, rollouts, build_worker_parts, run_dir)
+        backend = RemoteBackend.start(cfg, model.weights, rollouts, build_worker_parts, run_dir)
+    # The workers report their engines' context once started; they stop at exit.
+    check_response_fits(run_response_limits(cfg), backend.max_context)
+    return backend

@@ -23,6 +23,7 @@ from temper.config.engine import (
 )
 from temper.devices import resolve_device
 from temper.engine.base import Engine
+from temper.errors import ConfigError
 from temper.http_client import api_key_from_env
 from temper.models import load_model
 
@@ -95,3 +96,22 @@ ENGINE_BUILDERS: dict[str, Callable[[Config, Any, RunModel], Engine]] = {
 def build_engine(cfg: Config, model: RunModel) -> Engine:
     """The engine ``cfg.engine`` names, for ``model``."""
     return ENGINE_BUILDERS[cfg.engine.type](cfg, cfg.engine, model)
+
+
+def run_response_limits(cfg: Config) -> dict[str, int | None]:
+    """The response limits a training run sets: config key -> value (None: not set)."""
+    return {
+        "orchestrator.max_response_tokens": cfg.orchestrator.max_response_tokens,
+        "eval.max_response_tokens": cfg.eval.max_response_tokens,
+    }
+
+
+def check_response_fits(limits: dict[str, int | None], max_context: int) -> None:
+    """Refuse a response limit the engine's context cannot hold next to a prompt (of at
+    least one token): one line naming the key, its value and the context."""
+    for key, value in limits.items():
+        if value is not None and value >= max_context:
+            raise ConfigError(
+                f"{key} = {value} does not fit the model's context of {max_context} tokens "
+                f"(the prompt needs at least one): set it below {max_context}"
+            )

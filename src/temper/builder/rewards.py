@@ -22,7 +22,7 @@ from temper.config.reward import (
 from temper.http_client import api_key_from_env
 from temper.records import Task
 from temper.rewards.base import Reward
-from temper.rewards.combine import WeightedSum
+from temper.rewards.combine import CorrectAbove, WeightedSum
 from temper.rewards.shaping import Detector, GatedReward, GibberishDetector, RepetitionDetector
 
 
@@ -101,7 +101,12 @@ def build_reward(cfg: RewardConfig, tokenizer: Any = None) -> Reward:
     ``tokenizer`` measures lengths for ``overlong``; without it they are
     whitespace-separated words.
     """
-    parts = [(COMPONENT_BUILDERS[c.type](cfg, c, tokenizer), c.weight) for c in cfg.components]
+    parts: list[tuple[Reward, float]] = []
+    for c in cfg.components:
+        part = COMPONENT_BUILDERS[c.type](cfg, c, tokenizer)
+        if c.correct_above is not None:  # the component's verdict, declared by a threshold
+            part = CorrectAbove(part, c.correct_above)
+        parts.append((part, c.weight))
     total: Reward = WeightedSum(parts, on_error=cfg.on_error)
     detectors: list[Detector] = []
     if "repetition" in cfg.filters:
@@ -114,7 +119,7 @@ def build_reward(cfg: RewardConfig, tokenizer: Any = None) -> Reward:
 def check_reward_functions(cfg: Config, tasks: list[Task]) -> None:
     """Call-check each ``type = "python"`` reward function's signature against the
     columns of ``tasks``, at the start of a run, before any generation or eval."""
-    if cfg.env.enabled and not cfg.env.add_reward:
+    if cfg.env.enabled and not cfg.env.add_reward and not cfg.agent.enabled:
         return  # the env scores its episodes: the reward section is not used
     from temper.rewards.trl_adapter import TRLRewardFunction, load_reward_function
 

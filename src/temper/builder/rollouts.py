@@ -3,15 +3,24 @@ episodes of the `[env]`; and the engine + source a rollout worker builds for its
 
 from __future__ import annotations
 
+import inspect
+import shutil
+from pathlib import Path
+
+from temper.agents.programs import AgentProgram, CommandAgent, FunctionAgent
+from temper.agents.rollouts import AgentRollouts
 from temper.backends.base import Rollouts
 from temper.builder.engines import build_engine
 from temper.builder.model import RunModel, load_run_model
 from temper.builder.rewards import build_reward
 from temper.builder.tasks import RunTasks, build_run_tasks
 from temper.config import Config
+from temper.config.agent import AgentConfig
 from temper.engine.base import Engine
+from temper.errors import ConfigError
 from temper.rollout.single_turn import PromptRenderer
 from temper.rollout.sources import EpisodeRollouts, SingleTurnRollouts
+from temper.targets import load_target
 from temper.vision.prompting import PromptImages
 
 
@@ -26,6 +35,8 @@ def build_rollouts(cfg: Config, engine: Engine, model: RunModel, tasks: RunTasks
     Images the prompts show go to ``model.images`` (a training run's store; None
     keeps none: eval, serving).
     """
+    if cfg.agent.enabled:
+        return build_agent_rollouts(cfg, engine, model, tasks)
     if tasks.env_spec is None:
         reward = build_reward(cfg.reward, model.tokenizer)
         renderer = build_renderer(cfg, model)
@@ -44,6 +55,42 @@ def build_rollouts(cfg: Config, engine: Engine, model: RunModel, tasks: RunTasks
         cfg.env.infra_retries,
     )
     return Rollouts(source, tasks.train, tasks.heldout, reward, None, tasks.env_spec)
+
+
+def build_agent_program(cfg: AgentConfig) -> AgentProgram:
+    """The `[agent]`: a function (imported here, so a bad name fails at start) or a command."""
+    if cfg.function is not None:
+        fn = load_target(cfg.function, "agent.function")
+        if not inspect.iscoroutinefunction(fn):
+            raise ConfigError(
+                f"agent.function {cfg.function!r} must be an async function "
+                "agent(client, task) -> reward | None"
+            )
+        return FunctionAgent(fn, cfg.function, cfg.api_key)
+    if shutil.which(cfg.command[0]) is None and not Path(cfg.command[0]).is_file():
+        raise ConfigError(f"agent.command: {cfg.command[0]!r} is not a program on PATH or a file")
+    return CommandAgent(cfg.command, cfg.api_key)
+
+
+def build_agent_rollouts(cfg: Config, engine: Engine, model: RunModel, tasks: RunTasks) -> Rollouts:
+    """Episodes played by the user's agent through the rollout gateway; tasks from the
+    env (not played) or the data; scored by the agent, or by `[reward]`."""
+    a = cfg.agent
+    reward = build_reward(cfg.reward, model.tokenizer)
+    source = AgentRollouts(
+        engine,
+        model.tokenizer,
+        build_agent_program(a),
+        cfg.env.limits,
+        reward,
+        max_concurrency=a.max_concurrency,
+        splice=a.splice,
+        on_error=a.on_error,
+        model_name=a.model_name,
+    )
+    return Rollouts(
+        source, tasks.train, tasks.heldout, reward, None, tasks.env_spec, source.close_now
+    )
 
 
 def build_worker_parts(cfg: Config, weights: str) -> tuple[Engine, Rollouts]:

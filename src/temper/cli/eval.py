@@ -10,18 +10,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from temper.builder.engines import build_engine
-from temper.builder.model import load_run_model
-from temper.builder.suites import build_suite
 from temper.config import Config, config_from_dict
 from temper.config.load import load_config, load_run_config, run_config_path
-from temper.engine.base import SamplingParams
 from temper.errors import ConfigError
-from temper.eval.harness import evaluate
-from temper.eval.report import print_eval_table
-from temper.eval.suites import check_suite, max_response_tokens
-from temper.records import Task
-from temper.rollout.single_turn import PromptRenderer, check_prompt_fits
+
+# torch, transformers and the builder are imported where a model is loaded, after
+# the config checked out: a config error comes at once.
 
 
 def _eval_config(args: argparse.Namespace, overrides: list[str]) -> Any:
@@ -37,6 +31,8 @@ def cmd_eval(args: argparse.Namespace, overrides: list[str]) -> int:
     if args.checkpoint:
         overrides = [*overrides, f"model.path={json.dumps(args.checkpoint)}"]
     cfg = _eval_config(args, overrides)
+    from temper.eval.report import print_eval_table
+
     result = asyncio.run(run_eval(cfg, args.suite, args.suite_path))
     print_eval_table(result)
     if args.out:
@@ -63,12 +59,24 @@ async def run_eval(
     """Evaluate `cfg.model.path` on eval suite `suite` (`temper.eval.suites`).
 
     ``builtin`` is the held-out split of `cfg.data` (or of `cfg.env`). The
-    suite is checked (unknown name, missing data) before the model loads.
+    suite is checked (unknown name, missing data) before the model loads; a response
+    limit set longer than the engine's context is refused.
     """
+    from temper.builder.engines import build_engine, check_response_fits
+    from temper.builder.model import load_run_model
+    from temper.builder.suites import build_suite
+    from temper.eval.harness import evaluate
+    from temper.eval.suites import DEFAULT_MAX_TOKENS, check_suite, max_response_tokens
+
     plan = check_suite(suite, suite_path)
     model = load_run_model(cfg)
     engine = build_engine(cfg, model)
     try:
+        limit = max_response_tokens(cfg, suite)
+        if cfg.eval.max_response_tokens:
+            check_response_fits({"eval.max_response_tokens": limit}, engine.max_context)
+        elif suite not in DEFAULT_MAX_TOKENS:  # a suite's own default is clipped, not refused
+            check_response_fits({"orchestrator.max_response_tokens": limit}, engine.max_context)
         rollouts = build_suite(cfg, plan, engine, model)
     except BaseException:
         await engine.close()
@@ -82,7 +90,7 @@ async def run_eval(
             tasks,
             k=cfg.eval.k,
             temperature=cfg.eval.temperature,
-            max_new_tokens=max_response_tokens(cfg, suite),
+            max_new_tokens=limit,
             seed=cfg.run.seed + 7919,
         )
     finally:
@@ -98,6 +106,12 @@ async def run_eval(
 async def generate_text(
     model: str, prompt: str, n: int, temperature: float, max_new_tokens: int, seed: int | None
 ) -> list[str]:
+    from temper.builder.engines import build_engine
+    from temper.builder.model import load_run_model
+    from temper.engine.base import SamplingParams
+    from temper.records import Task
+    from temper.rollout.single_turn import PromptRenderer, check_prompt_fits
+
     cfg = config_from_dict({"model": {"path": model}})
     run_model = load_run_model(cfg)
     tokenizer = run_model.tokenizer

@@ -3,7 +3,8 @@ serve, serve-rm.
 
 Config overrides are dotted flags (`--trainer.lr=3e-4`, `--run.name demo2`).
 A user error (TemperError) prints one line `temper: error: ...` and exits 2
-with no traceback.
+with no traceback. Nothing heavy is imported before a command's config or flags
+are checked, so such an error comes at once; torch and transformers load after.
 """
 
 from __future__ import annotations
@@ -21,6 +22,19 @@ from temper.cli import env_serve
 from temper.cli.overrides import join_override_values, split_overrides
 from temper.cli.train import cmd_train
 from temper.errors import ConfigError, TemperError
+
+#: Set to "1" by ``--verbose``: transformers' progress bars and warnings stay on
+#: (`temper.builder.model.VERBOSE_ENV`; a test keeps the two equal).
+VERBOSE_ENV = "TEMPER_VERBOSE"
+
+
+def _add_verbose_flag(p: argparse.ArgumentParser) -> None:
+    """``--verbose`` on the commands that load a model."""
+    p.add_argument(
+        "--verbose",
+        action="store_true",
+        help=f"show transformers' progress bars and warnings (also: {VERBOSE_ENV}=1)",
+    )
 
 
 def _add_limit_flags(p: argparse.ArgumentParser) -> None:
@@ -150,6 +164,7 @@ def _version() -> str:
 def _parser() -> argparse.ArgumentParser:
     p = _Parser(prog="temper", description="RL post-training for LMs.")
     p.add_argument("--version", action="version", version=_version())
+    p.set_defaults(verbose=False)  # the commands that load a model add --verbose
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
     _add_run_parsers(sub)
     _add_run_dir_parsers(sub)
@@ -173,6 +188,7 @@ def _add_run_parsers(sub: Any) -> None:
         action="store_true",
         help="write a Chrome trace of one step to <run>/profile/ (log.profile_step, else step 1)",
     )
+    _add_verbose_flag(t)
     e = sub.add_parser(
         "eval",
         help="evaluate a model or checkpoint on held-out tasks",
@@ -193,6 +209,7 @@ def _add_run_parsers(sub: Any) -> None:
         "visual tasks; needs a vision-language model)",
     )
     e.add_argument("--suite-path", help="data file/folder for the gsm8k or bfcl suite")
+    _add_verbose_flag(e)
     g = sub.add_parser("generate", help="sample completions for a prompt")
     g.add_argument("prompt", help="user message")
     g.add_argument("--model", default="tiny", help='model directory or "tiny"')
@@ -200,6 +217,7 @@ def _add_run_parsers(sub: Any) -> None:
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     g.add_argument("--max-new-tokens", type=int, default=64, help="length limit of each")
     g.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
+    _add_verbose_flag(g)
 
 
 def _add_run_dir_parsers(sub: Any) -> None:
@@ -265,6 +283,7 @@ def _add_server_parsers(sub: Any) -> None:
         help="requests may name image files in DIR (default: image data URLs only)",
     )
     _add_limit_flags(sv)
+    _add_verbose_flag(sv)
     rm = sub.add_parser("serve-rm", help="serve a reward model (POST /score) with dynamic batching")
     rm.add_argument(
         "model", help='directory of a one-label sequence-classification model, or "tiny-rm"'
@@ -275,6 +294,7 @@ def _add_server_parsers(sub: Any) -> None:
     rm.add_argument("--max-wait-ms", type=float, default=5.0, help="wait this long to fill a batch")
     rm.add_argument("--max-queue", type=int, default=1024, help="queued pairs before HTTP 503")
     _add_limit_flags(rm)
+    _add_verbose_flag(rm)
     env_serve.add_parser(sub)
     env_serve.add_sandbox_parser(sub)
     d = sub.add_parser("dash", help="live web dashboard over the run directories in RUNS_DIR")
@@ -390,18 +410,20 @@ def cmd_dash(args: argparse.Namespace, overrides: list[str]) -> int:
     return 0
 
 
-def _quiet_libraries() -> None:
-    """Keep the terminal for Temper's own progress: no per-load bars from transformers."""
+def _quiet_libraries(verbose: bool) -> None:
+    """Keep the terminal for Temper's own progress. Nothing heavy is imported here: a
+    config error comes before torch and transformers load. Whatever loads a model
+    (`temper.builder.model.load_run_model`) turns transformers' progress bars and
+    warnings off unless ``--verbose`` (or TEMPER_VERBOSE=1) asks for them."""
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-    from temper.models.loader import quiet_transformers
-
-    quiet_transformers()
+    if verbose:
+        os.environ[VERBOSE_ENV] = "1"  # rollout worker processes inherit it
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = join_override_values(sys.argv[1:] if argv is None else list(argv))
     args, extra = _parser().parse_known_args(argv)
-    _quiet_libraries()
+    _quiet_libraries(args.verbose)
     try:
         overrides = split_overrides(extra)
         if args.command == "train":

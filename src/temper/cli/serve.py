@@ -6,13 +6,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from temper.builder.engines import build_engine
-from temper.builder.model import load_run_model
 from temper.config import config_from_dict
 from temper.errors import ConfigError
 from temper.serve.limits import HTTPLimits, uvicorn_config
-from temper.serve.openai_server import create_app
-from temper.serve.runner import _bind, run_announced
+
+# torch, transformers, the builder and the servers are imported where a model is
+# loaded, after the flags checked out: a bad flag is reported at once.
 
 
 def _limits(args: argparse.Namespace) -> HTTPLimits:
@@ -45,10 +44,15 @@ def run_server(
     URL is printed once the port accepts connections. Requests may name image
     files only inside ``image_dir`` (none: data URLs only).
     """
+    from temper.builder.engines import build_engine
+    from temper.builder.model import load_run_model
+    from temper.serve.openai_server import create_app
+    from temper.serve.runner import _bind, run_announced
+
+    cfg = config_from_dict({"model": {"path": model}, "engine": {"type": engine_type}})
     sock = _bind(host, port)
     try:
-        cfg = config_from_dict({"model": {"path": model}, "engine": {"type": engine_type}})
-        run_model = load_run_model(cfg)
+        run_model = load_run_model(cfg, prompts=False)
         engine = build_engine(cfg, run_model)
     except BaseException:
         sock.close()
@@ -94,10 +98,12 @@ def cmd_serve(args: argparse.Namespace, overrides: list[str]) -> int:
 
 
 def cmd_serve_rm(args: argparse.Namespace, overrides: list[str]) -> int:
-    from temper.serve.reward_model import run_rm_server
-
     if overrides:
         raise ConfigError(f"serve-rm takes no config overrides, got {overrides[0]!r}")
+    from temper.builder.model import quiet_libraries
+    from temper.serve.reward_model import run_rm_server
+
+    quiet_libraries()  # the reward model is loaded without `load_run_model`
     run_rm_server(
         args.model,
         args.host,

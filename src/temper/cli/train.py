@@ -16,10 +16,15 @@ def cmd_train(args: argparse.Namespace, overrides: list[str]) -> int:
     learn); 130 interrupted (a checkpoint was written; continue with --run.resume=true).
     """
     from temper.config import load_config
+
+    # The config is checked before torch, transformers and the orchestrator load: a
+    # mistyped key is reported at once, not after seconds of imports.
+    cfg = load_config(args.config, overrides)
+    from temper.builder.model import quiet_libraries
     from temper.orchestrator.loop import Orchestrator
     from temper.orchestrator.run_dir import is_write_error, write_error
 
-    cfg = load_config(args.config, overrides)
+    quiet_libraries()  # trainer ranks under a launcher load their model without the builder
     if (served := _serve_launched_rank(cfg)) is not None:
         return served
     if args.profile and cfg.log.profile_step is None:

@@ -45,7 +45,8 @@ class HealthConfig(BaseModel):
     throughput: HealthCheck = _check(
         0.3,
         "warn",
-        "Generation tokens/s below threshold x its moving average (once per sustained drop).",
+        "Generation tokens/s below threshold x its moving average for throughput_steps "
+        "steps in a row (once per sustained drop).",
     )
     reward_hacking: HealthCheck = _check(
         0.1,
@@ -68,6 +69,12 @@ class HealthConfig(BaseModel):
     no_update: HealthCheck = _check(10, "stop", "No policy update for this many steps in a row.")
     warmup: int = Field(5, ge=1, description="Steps that set the response-length baseline.")
     window: int = Field(10, ge=1, description="Steps in the throughput moving average.")
+    throughput_steps: int = Field(
+        3,
+        ge=1,
+        description="Steps in a row the throughput must stay low before its check fires "
+        "(a slow step on a shared machine is noise).",
+    )
 
     @model_validator(mode="before")
     @classmethod

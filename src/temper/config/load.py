@@ -13,15 +13,17 @@ Python's 4,300-digit limit (`ValueError`), text that is not valid Unicode
 
 from __future__ import annotations
 
+import difflib
 import os
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import tomli_w
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from temper import safe_json
+from temper.config.doc import section_models
 from temper.config.schema import Config
 from temper.errors import ConfigError
 
@@ -202,6 +204,48 @@ def _untagged(loc: tuple[Any, ...]) -> tuple[list[str], str | None]:
     return [str(p) for p in loc], None
 
 
+#: Names other trainers use for a key, suggested when they are mistyped or used as is.
+_OTHER_NAMES = {
+    "learning_rate": "lr",
+    "max_new_tokens": "max_response_tokens",
+    "num_generations": "group_size",
+    "max_steps": "steps",
+}
+
+
+def _keys_at(loc: tuple[Any, ...]) -> list[str]:
+    """The keys the section holding ``loc``'s last part accepts (a union member's own
+    keys for a section chosen by ``type``); empty where the walk does not lead to one."""
+    model: type[BaseModel] = Config
+    parts = list(loc[:-1])
+    while parts:
+        field = model.model_fields.get(str(parts.pop(0)))
+        models = section_models(field.annotation) if field is not None else []
+        if parts and isinstance(parts[0], int):  # a list's item
+            parts.pop(0)
+        if len(models) > 1 and parts:  # pydantic puts the union's tag in the location
+            tag = parts.pop(0)
+            models = [m for m in models if _tag_of(m) == tag]
+        if len(models) != 1:
+            return []
+        model = models[0]
+    return list(model.model_fields)
+
+
+def _tag_of(model: type[BaseModel]) -> Any:
+    field = model.model_fields.get("type")
+    return field.default if field is not None else None
+
+
+def did_you_mean(loc: tuple[Any, ...]) -> str:
+    """The suggestion for an unknown key at ``loc`` close to a known one (or to another
+    trainer's name for one): "did you mean 'lr'?"; else ""."""
+    keys, key = _keys_at(loc), str(loc[-1])
+    names = {k: k for k in keys} | {o: k for o, k in _OTHER_NAMES.items() if k in keys}
+    found = difflib.get_close_matches(key, list(names), n=1, cutoff=0.6)
+    return f"did you mean '{names[found[0]]}'?" if found else ""
+
+
 def format_validation_error(err: ValidationError) -> str:
     """One line per problem, naming the dotted field."""
     parts = []
@@ -209,8 +253,9 @@ def format_validation_error(err: ValidationError) -> str:
         path, owner = _untagged(tuple(e["loc"]))
         loc = ".".join(path) or "config"
         if e["type"] == "extra_forbidden":
-            has_none = f" ({owner} has no such setting)" if owner else ""
-            parts.append(f"unknown config key '{loc}'{has_none}")
+            notes = [f"{owner} has no such setting" if owner else "", did_you_mean(e["loc"])]
+            note = "; ".join(n for n in notes if n)
+            parts.append(f"unknown config key '{loc}'" + (f" ({note})" if note else ""))
         elif e["type"] == "union_tag_invalid":
             ctx = e.get("ctx", {})
             parts.append(f"{loc}.type: {ctx.get('tag')!r} is not one of {ctx.get('expected_tags')}")

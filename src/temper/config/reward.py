@@ -4,6 +4,13 @@ the reward-hacking filters around their sum.
 Each component takes only its own settings: a `format` component has no
 ``function``, a `judge` component must name its ``base_url`` and ``model``. The
 builder (`temper.builder.rewards`) has one function per ``type``.
+
+Correctness (what accuracy counts) is declared by the components: a component's
+``correct_above`` threshold on its own score, or the component's own verdict
+(math, exact, format, tool_call_ast; a python function returning
+``{"score": x, "correct": bool}``). When several declare one, a sample is correct
+when all say so; when none does, it is correct when its total reward is >= 1,
+and the eval output says that this default rule was used.
 """
 
 from __future__ import annotations
@@ -17,6 +24,14 @@ class _Component(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     weight: float = Field(1.0, description="Weight of this component in the total reward.")
+    correct_above: float | None = Field(
+        None,
+        allow_inf_nan=False,
+        description="Declares what counts as correct (what accuracy counts): this "
+        "component's own unweighted score strictly above this number. Unset: the "
+        "component's own verdict, if it has one; when no component has one, a total "
+        "reward >= 1.",
+    )
 
 
 class MathComponent(_Component):
@@ -40,7 +55,8 @@ class PythonComponent(_Component):
     type: Literal["python"] = Field("python", description="Your function, with TRL's signature.")
     function: str = Field(
         description='"module:function" or "path/file.py:function" with TRL\'s signature '
-        "(prompts, completions, **columns) -> list[float]."
+        "(prompts, completions, **columns) -> list[float], or a list of "
+        '{"score": float, "correct": bool} to declare correctness.'
     )
 
 
@@ -160,6 +176,13 @@ class RewardConfig(BaseModel):
     )
     timeout_s: float = Field(5.0, gt=0, description="Per-item verification timeout.")
     workers: int = Field(1, ge=1, description="Reward worker processes.")
+    check_samples: int = Field(
+        4,
+        ge=0,
+        description="Before the step-0 eval, generate one completion for each of this many "
+        "training tasks and score it; if the reward fails on every one, the run stops (exit "
+        "2) with the error, its traceback in events.jsonl. 0 turns the check off.",
+    )
     filters: list[Literal["repetition", "gibberish"]] = Field(
         default_factory=lambda: ["repetition", "gibberish"],
         description="Reward-hacking filters: a flagged completion's total reward is zeroed "

@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from temper.config.agent import AgentConfig
 from temper.config.algo import AlgoConfig
 from temper.config.critic import CriticConfig, check_critic
 from temper.config.engine import EngineConfig, NativeEngineConfig
@@ -54,6 +55,12 @@ class ModelConfig(_Section):
     )
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Parameter dtype of the policy and the engine."
+    )
+    chat_template: str = Field(
+        "auto",
+        description='How prompts are rendered: "auto" (the tokenizer\'s template; an error '
+        'when it has none), "raw" (plain text, for base models), "chatml", or a path to a '
+        ".jinja file (README: Base models).",
     )
 
 
@@ -180,6 +187,7 @@ class Config(_Section):
     data: DataConfig = Field(default_factory=DataConfig)
     sampler: SamplerConfig = Field(default_factory=SamplerConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
+    agent: AgentConfig = Field(default_factory=AgentConfig)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     critic: CriticConfig = Field(default_factory=CriticConfig)

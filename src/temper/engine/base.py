@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol, runtime_checkable
 
+from temper.engine.structured import StructuredOutput
 from temper.errors import ConfigError
 from temper.weights.transport import WeightTransport
 
@@ -63,6 +64,9 @@ class SamplingParams:
       ``presence + frequency * count``; the prompt does not count.
     - `logits_processors`: factories of per-sample `LogitsProcessor`s (e.g. a
       grammar mask), applied after the penalties.
+    - `structured`: a declared output shape (`temper.engine.structured`), taken
+      only by an engine with `EngineAbilities.structured_outputs`; for other
+      engines the caller turns it into `logits_processors`.
 
     Penalties and processors shape sampling only: `SampleOutput.logprobs` and
     `top_logprobs` stay the raw policy logprobs.
@@ -81,6 +85,7 @@ class SamplingParams:
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
     logits_processors: tuple[LogitsProcessorFactory, ...] = ()
+    structured: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         if self.n < 1:
@@ -183,6 +188,9 @@ class EngineAbilities:
       tokens as they are sampled.
     - `images`: `generate` takes the prompt's images (a vision-language model
       with its processor); without it, a prompt with images is refused.
+    - `structured_outputs`: the engine enforces `SamplingParams.structured`
+      itself (vLLM's structured outputs); without it, callers send the
+      constraint as `logits_processors` instead.
     """
 
     weight_updates: bool = True
@@ -191,6 +199,7 @@ class EngineAbilities:
     metrics: bool = False
     stream: bool = False
     images: bool = False
+    structured_outputs: bool = False
 
 
 @runtime_checkable

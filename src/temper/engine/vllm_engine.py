@@ -21,7 +21,10 @@ Optional extras: `top_logprobs=k` becomes vLLM's ``logprobs=k`` (the k best
 plus the sampled token; Temper keeps the k best, by vLLM's rank); presence and
 frequency penalties are vLLM's own (same OpenAI rule, on generated tokens).
 Temper `logits_processors` are refused: vLLM's V1 engine does not take
-per-request Python processors.
+per-request Python processors. A declared `SamplingParams.structured` (JSON,
+forced tool call) is vLLM's own structured outputs (`temper.engine.vllm_extras`);
+a constrained sample that a weight update interrupts starts over on the new
+weights, since its grammar cannot resume mid-way.
 
 Weights: `load_weights` receives a version from a `WeightTransport` and hands the
 tensors to every worker's ``reload_weights`` (in place, checkpoint names). Requests
@@ -48,6 +51,7 @@ from typing import Any
 import torch
 
 from temper import compute
+from temper.engine import vllm_extras
 from temper.engine.base import (
     EngineAbilities,
     EngineDefaults,
@@ -87,6 +91,7 @@ class _Pending:
     done_top: list[list[dict[int, float]]] = field(default_factory=list)
     # The prompt's images (PIL), in order; their token runs are already in `prompt`.
     images: list[Any] = field(default_factory=list)
+    structured: Any = None  # vLLM's StructuredOutputsParams for `params.structured`
 
 
 class VLLMEngine(EngineDefaults):
@@ -128,8 +133,9 @@ class VLLMEngine(EngineDefaults):
         self.tokenizer = tokenizer
         self.device = device
         self._llm = compute.run(
-            _make_llm_engine,
+            vllm_extras.make_llm_engine,
             model_path,
+            verbose=vllm_extras.verbose(),
             dtype=dtype,
             max_context=max_context,
             seed=seed,
@@ -155,6 +161,7 @@ class VLLMEngine(EngineDefaults):
             sleep=enable_sleep,
             metrics=False,
             images=takes_images,
+            structured_outputs=True,
         )
         self._stop = StopChecker(tokenizer, self.max_context)
         self._ids = itertools.count()
@@ -188,8 +195,9 @@ class VLLMEngine(EngineDefaults):
             raise TemperError("stop_strings need a tokenizer; pass one to VLLMEngine")
         if params.logits_processors:
             raise TemperError("VLLMEngine does not run Temper logits_processors")
+        structured = vllm_extras.structured_outputs(params.structured)
         loop = self._ensure_driver()
-        pending = _Pending(prompt, params, loop.create_future())
+        pending = _Pending(prompt, params, loop.create_future(), structured=structured)
         pending.images = [image.pil() for image in images]
         pending.done_ids = [[] for _ in range(params.n)]
         pending.done_logprobs = [[] for _ in range(params.n)]
@@ -223,7 +231,9 @@ class VLLMEngine(EngineDefaults):
             prompt = TokensPrompt(prompt_token_ids=ids)
             if pending.images:
                 prompt["multi_modal_data"] = {"image": pending.images}
-            params = _vllm_params(pending.params, i, left, pending.resumes)
+            params = vllm_extras.request_params(
+                pending.params, i, left, pending.resumes, pending.structured
+            )
             queued.append((rid, prompt, params))
             self._pending[rid] = pending
         if not queued:  # every sample was already complete when a weight update came
@@ -388,7 +398,8 @@ class VLLMEngine(EngineDefaults):
             pending = self._pending.pop(rid)
             if pending.future.done():
                 continue
-            self._extend(pending, int(rid.rsplit(".", 1)[1]), partial, self.version)
+            if pending.structured is None:  # a grammar cannot resume mid-way: start over
+                self._extend(pending, int(rid.rsplit(".", 1)[1]), partial, self.version)
             pending.resumes += 1
             if pending not in calls:
                 calls.append(pending)
@@ -440,66 +451,9 @@ class VLLMEngine(EngineDefaults):
 # ---------------------------------------------------------------- helpers
 
 
-def _make_llm_engine(model_path: str, **opts: Any) -> Any:
-    """An in-process `LLMEngine` for ``model_path`` (runs on the compute thread)."""
-    from vllm.engine.arg_utils import EngineArgs
-    from vllm.v1.engine.llm_engine import LLMEngine
-
-    args = EngineArgs(
-        model=model_path,
-        dtype=opts["dtype"],
-        max_model_len=opts["max_context"],
-        seed=opts["seed"],
-        enable_prefix_caching=opts["prefix_caching"],
-        gpu_memory_utilization=opts["gpu_memory_utilization"],
-        enable_sleep_mode=opts["enable_sleep"],
-        max_num_seqs=opts["max_num_seqs"],
-        enforce_eager=True,
-        # vLLM 0.32 on CPU: a seeded request whose prefill is split across steps fails
-        # ("CPU Generator does not use offset"), so prompts are prefilled whole.
-        enable_chunked_prefill=False,
-        max_num_batched_tokens=max(8192, opts["max_context"] or 0),
-        logprobs_mode="raw_logprobs",
-        disable_log_stats=True,
-    )
-    return LLMEngine.from_engine_args(args)
-
-
 def _shutdown(llm: Any) -> None:
     with contextlib.suppress(Exception):
         llm.engine_core.shutdown()
-
-
-def _vllm_params(params: SamplingParams, index: int, max_tokens: int, resumes: int) -> Any:
-    """vLLM `SamplingParams` for sample ``index`` of a Temper request.
-
-    A seeded request gives sample i its own stream (and a resumed sample a new one,
-    so that it does not replay its first tokens).
-    """
-    from vllm import SamplingParams as VParams
-    from vllm.sampling_params import RequestOutputKind
-
-    seed = None
-    if params.seed is not None:
-        seed = (params.seed * 1_000_003 + index * 7919 + resumes * 104_729) % 2**63
-    return VParams(
-        n=1,
-        temperature=params.temperature,
-        top_p=params.top_p,
-        top_k=params.top_k if params.top_k > 0 else 0,
-        max_tokens=max_tokens,
-        seed=seed,
-        logprobs=params.top_logprobs,
-        presence_penalty=params.presence_penalty,
-        frequency_penalty=params.frequency_penalty,
-        stop_token_ids=list(params.stop_token_ids),
-        ignore_eos=params.ignore_eos,
-        stop=list(params.stop_strings) or None,
-        include_stop_str_in_output=True,
-        skip_special_tokens=False,
-        detokenize=bool(params.stop_strings),
-        output_kind=RequestOutputKind.FINAL_ONLY,
-    )
 
 
 def _sampled_logprobs(comp: Any, ids: list[int]) -> list[float]:

@@ -4,6 +4,10 @@ On a terminal wide enough for it, a rich table. Otherwise (a pipe, a log file, a
 narrow terminal) plain aligned columns that are never squeezed: rich fits a table
 to the console width (80 columns off a terminal) by folding its headers, which
 cut `mean@4_ci95` into pieces in every batch log.
+
+The columns are the metrics only: settings (the sampling ``temperature``, ``k``,
+``time_s``) go in the title, which says which rows are greedy (temperature 0)
+and which sampled, and a note says when correctness is the default rule.
 """
 
 from __future__ import annotations
@@ -13,10 +17,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from temper.eval.harness import CORRECT_RULES, SETTINGS
+
 
 def eval_rows(result: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
     """The header and the rows (`all`, then each category) as text."""
-    metric_keys = [k for k, v in result.items() if isinstance(v, float)]
+    metric_keys = [k for k, v in result.items() if isinstance(v, float) and k not in SETTINGS]
     rows = [["all", *(f"{result[k]:.3f}" for k in metric_keys)]]
     for cat, vals in result.get("by_category", {}).items():
         rows.append([cat, *(f"{vals[k]:.3f}" if k in vals else "-" for k in metric_keys)])
@@ -35,10 +41,29 @@ def plain_table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(fmt(r) for r in [header, *rows])
 
 
+def eval_title(result: dict[str, Any]) -> str:
+    """``eval: N tasks``, and at what temperature each kind of column was sampled."""
+    parts = [f"eval: {result.get('n_tasks')} tasks"]
+    if "accuracy" in result:
+        parts.append("accuracy, reward_mean: greedy (temperature 0)")
+    k, temperature = result.get("k"), result.get("temperature")
+    if k is not None and temperature is not None and f"mean@{k}" in result:
+        parts.append(f"pass@j, mean@{k}, maj@{k}, reward_mean@{k}: {k} samples at "
+                     f"temperature {temperature:g}")  # fmt: skip
+    return "; ".join(parts)
+
+
+def correct_note(result: dict[str, Any]) -> str | None:
+    """The line saying correctness is the default rule (no reward declares one), or None."""
+    if result.get("correct_rule") == CORRECT_RULES["default"]:
+        return f"note: correct means {CORRECT_RULES['default']}"
+    return None
+
+
 def print_eval_table(result: dict[str, Any], console: Console | None = None) -> None:
     console = console or Console()
     header, rows = eval_rows(result)
-    title = f"eval: {result.get('n_tasks')} tasks"
+    title = eval_title(result)
     text = plain_table(header, rows)
     # A rich table adds borders and padding: about 3 columns per cell.
     rich_width = max(len(line) for line in text.splitlines()) + 3 * len(header) + 1
@@ -56,4 +81,7 @@ def print_eval_table(result: dict[str, Any], console: Console | None = None) -> 
     too_long = result.get("n_prompt_too_long")
     if too_long:
         msg = f"note: {too_long} prompt(s) did not fit the model's context and count as wrong"
-        print(msg)
+        print(msg, file=console.file)
+    note = correct_note(result)
+    if note:
+        print(note, file=console.file)

@@ -5,8 +5,10 @@ the built-in tiny policy (`tiny/`), reward model (`tiny_rm/`), VLM (`tiny_vlm/`)
 `loader.py` (model paths and aliases, `load_model`, `load_tokenizer`,
 `load_processor`), `chat_template.py` (the ChatML/Hermes template;
 `IncrementalRenderer` renders a conversation piece by piece, so sampled ids are
-never re-tokenised), `tool_calls.py` (the Hermes ``<tool_call>`` format parsed
-into `ToolCall`s and `ToolCallError`s).
+never re-tokenised), `templates.py` (``model.chat_template``: the tokenizer's own
+template, ``raw`` plain text for base models, a built-in one, or a ``.jinja`` file),
+`tool_calls.py` (the Hermes ``<tool_call>`` format parsed into `ToolCall`s and
+`ToolCallError`s).
 """
 
 from temper.models.loader import (

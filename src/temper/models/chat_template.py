@@ -90,7 +90,7 @@ IMAGE_TOKEN = "<image>"
 
 # Content given as OpenAI-style parts renders text parts as their text and image parts
 # (`image` or `image_url`) as `<image>`, in order; string content renders as before.
-_CONTENT_MACRO = (
+CONTENT_MACRO = (
     "{%- macro render_content(content) %}"
     "{%- if content is string %}{{- content }}"
     "{%- else %}{%- for part in content %}"
@@ -101,7 +101,7 @@ _CONTENT_MACRO = (
 )
 
 #: The ChatML template of `CHATML_TEMPLATE` with content parts (images as `<image>`).
-VLM_TEMPLATE = _CONTENT_MACRO + CHATML_TEMPLATE.replace(
+VLM_TEMPLATE = CONTENT_MACRO + CHATML_TEMPLATE.replace(
     "messages[0].content + '\\n\\n' }}",
     "render_content(messages[0].content) + '\\n\\n' }}",
 ).replace(

@@ -58,24 +58,76 @@ def resolve_model_path(path: str | Path) -> Path:
             raise ModelLoadError(f"built-in model {text!r} is missing its files at {resolved}")
         return resolved
     resolved = Path(text).expanduser()
+    if not resolved.exists():
+        raise ModelLoadError(f"model path {text!r} does not exist")
     if not resolved.is_dir():
-        raise ModelLoadError(f"model path {text!r} does not exist or is not a directory")
+        raise ModelLoadError(f"model path {text!r} is a file, not a model directory")
     return resolved
 
 
-def _first_line(exc: Exception) -> str:
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    return lines[0] if lines else type(exc).__name__
+#: Files one of which a directory holding a tokenizer has (fast, SentencePiece, BPE, WordPiece).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer.model",
+    "tokenizer_config.json",
+    "vocab.json",
+    "vocab.txt",
+    "spiece.model",
+)
+
+
+def model_config(path: str | Path) -> dict[str, Any]:
+    """The ``config.json`` of a model path or alias, checked: a directory without one, or
+    with one that is not a JSON object, raises `ModelLoadError` (one line)."""
+    directory = resolve_model_path(path)
+    file = directory / "config.json"
+    if not file.is_file():
+        raise ModelLoadError(f"model path {str(path)!r} is not a model directory (no config.json)")
+    try:
+        config = json.loads(file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ModelLoadError(
+            f"model path {str(path)!r}: config.json is not valid JSON ({_one_line(exc)})"
+        ) from None
+    if not isinstance(config, dict):
+        raise ModelLoadError(f"model path {str(path)!r}: config.json is not a JSON object")
+    return config
+
+
+def _one_line(exc: BaseException, limit: int = 400) -> str:
+    """An exception's whole message on one line (its lines joined); a longer one is cut
+    after its last whole sentence within ``limit`` characters."""
+    text = " ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+    if not text:
+        return type(exc).__name__
+    if len(text) <= limit:
+        return text
+    end = text.rfind(". ", 0, limit)
+    return text[: end + 1] if end > 0 else text[:limit].rsplit(" ", 1)[0] + " ..."
 
 
 def load_tokenizer(path: str | Path) -> PreTrainedTokenizerBase:
-    """The tokenizer (with its chat template) stored at a model path or alias."""
+    """The tokenizer (with its chat template) stored at a model path or alias.
+
+    A directory without tokenizer files is refused in one line: as not a model
+    directory when it has no ``config.json`` either, else as having no tokenizer;
+    a ``config.json`` that is there must be valid. (A directory with only the
+    tokenizer files loads: an ``openai`` engine needs no weights.)"""
     directory = resolve_model_path(path)
+    has_config = (directory / "config.json").exists()
+    if has_config:
+        model_config(directory)
+    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+        if not has_config:
+            model_config(path)  # raises: not a model directory
+        raise ModelLoadError(
+            f"model path {str(path)!r} has no tokenizer (none of {', '.join(TOKENIZER_FILES)})"
+        )
     try:
         return AutoTokenizer.from_pretrained(directory)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, TypeError) as exc:
         raise ModelLoadError(
-            f"cannot load a tokenizer from {str(path)!r}: {_first_line(exc)}"
+            f"cannot load a tokenizer from {str(path)!r}: {_one_line(exc)}"
         ) from exc
 
 
@@ -96,14 +148,14 @@ def load_model(path: str | Path, dtype: torch.dtype = torch.float32) -> PreTrain
     `pixel_values` beside the token ids.
     """
     directory = resolve_model_path(path)
-    vision = is_vision_language(directory)
+    vision = "vision_config" in model_config(path)
     auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
     try:
         # Loaded on the compute thread, where its ops will run (see `temper.compute`).
         model = compute.run(auto.from_pretrained, directory, dtype=dtype)
     except (OSError, ValueError, SafetensorError) as exc:
         kind = "an image-text model" if vision else "a causal LM"
-        raise ModelLoadError(f"cannot load {kind} from {str(path)!r}: {_first_line(exc)}") from exc
+        raise ModelLoadError(f"cannot load {kind} from {str(path)!r}: {_one_line(exc)}") from exc
     return model.eval()
 
 
@@ -114,7 +166,7 @@ def load_processor(path: str | Path) -> Any:
         return AutoProcessor.from_pretrained(directory)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(
-            f"cannot load a processor from {str(path)!r}: {_first_line(exc)}"
+            f"cannot load a processor from {str(path)!r}: {_one_line(exc)}"
         ) from exc
 
 

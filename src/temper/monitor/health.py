@@ -22,9 +22,11 @@ Checks (a missing metric skips its check):
 - ``mismatch``: mean |trainer logprob - engine logprob| on sampled tokens above
   ``threshold`` (train/inference mismatch).
 - ``throughput``: generation tokens/s below ``threshold`` times its moving
-  average over the last ``window`` steps; once per sustained drop (it fires
-  again only after the rate came back above halfway between the threshold and
-  the average), so a shared machine does not flood the log.
+  average over the last ``window`` steps, for ``throughput_steps`` steps in a
+  row (a slow step or two on a shared machine is noise, not an alert; slow
+  steps are kept out of the average they are compared with). Once per
+  sustained drop: it fires again only after the rate came back above halfway
+  between the threshold and the average.
 - ``reward_hacking``: `observe_eval` is fed held-out accuracy; fires when the
   train reward rose by more than ``threshold`` since the previous eval while
   held-out accuracy stayed flat or fell.
@@ -78,7 +80,7 @@ class HealthMonitor:
         self.may_skip = any(c.enabled and c.action == "skip" for c in self.checks.values())
         self._lengths: list[float] = []
         self._throughput: deque[float] = deque(maxlen=cfg.window)
-        self._throughput_low = False  # an alert fired and the rate has not recovered
+        self._low_streak = 0  # steps in a row below the line; reset once the rate recovers
         self._reward_at_eval: float | None = None
         self._accuracy_at_eval: float | None = None
         self._last_reward: float | None = None
@@ -140,17 +142,24 @@ class HealthMonitor:
         rate = m.get("gen_tokens_per_s")
         if rate is None:
             return
-        if len(self._throughput) == self._throughput.maxlen:
-            avg = sum(self._throughput) / len(self._throughput)
-            low = self.cfg.throughput.threshold
-            if rate < low * avg and not self._throughput_low:
-                # One alert per sustained drop: re-armed only once the rate is back
-                # above the midpoint between the threshold and the average.
-                self._throughput_low = True
+        if len(self._throughput) < self._throughput.maxlen:
+            self._throughput.append(float(rate))
+            return
+        avg = sum(self._throughput) / len(self._throughput)
+        low, steps = self.cfg.throughput.threshold, self.cfg.throughput_steps
+        if rate < low * avg:
+            # Fires when the drop has lasted `steps` steps, once; a slow step does not
+            # drag down the average it is measured against.
+            self._low_streak += 1
+            if self._low_streak == steps:
                 self._fire(out, step, "throughput", rate,
-                           f"generation {rate:.0f} tok/s < {low:g}x the moving average {avg:.0f}")  # fmt: skip
-            elif rate >= (low + 1) / 2 * avg:
-                self._throughput_low = False
+                           f"generation {rate:.0f} tok/s < {low:g}x the moving average "
+                           f"{avg:.0f} for {steps} step(s) in a row")  # fmt: skip
+            return
+        # Before it fired, any step above the line ends the streak; after, only a rate
+        # back above the midpoint between the threshold and the average re-arms it.
+        if self._low_streak < steps or rate >= (low + 1) / 2 * avg:
+            self._low_streak = 0
         self._throughput.append(float(rate))
 
     def check_learning(

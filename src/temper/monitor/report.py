@@ -83,16 +83,29 @@ def _reward_vs_kl(plt: Any, metrics: list[dict[str, Any]], path: Path) -> Path:
     return path
 
 
+#: An eval's settings, not metrics (`temper.eval.harness.SETTINGS`): not table columns.
+_EVAL_SETTINGS = ("n_tasks", "k", "temperature", "time_s", "step")
+
+
 def _eval_table(evals: list[dict[str, Any]]) -> str:
     if not evals:
         return "<p>No evaluations were run.</p>"
-    keys = [k for k in evals[0] if isinstance(evals[0][k], float)]
+    first = evals[0]
+    keys = [k for k in first if isinstance(first[k], float) and k not in _EVAL_SETTINGS]
+    caption = "accuracy, reward_mean: greedy (temperature 0)"
+    if first.get("temperature") is not None and first.get("k") is not None:
+        k = first["k"]
+        caption += f"; pass@j, mean@{k}, maj@{k}, reward_mean@{k}: {k} samples at temperature "
+        caption += f"{first['temperature']:g}"
+    if first.get("correct_rule"):
+        caption += f". Correct: {first['correct_rule']}"
     head = "".join(f"<th>{html.escape(k)}</th>" for k in ["step", *keys])
     rows = []
     for e in evals:
         cells = "".join(f"<td>{e.get(k, float('nan')):.3f}</td>" for k in keys)
         rows.append(f"<tr><td>{e['step']}</td>{cells}</tr>")
-    return f"<table><tr>{head}</tr>{''.join(rows)}</table>"
+    caption = f"<p>{html.escape(caption)}.</p>"
+    return f"{caption}<table><tr>{head}</tr>{''.join(rows)}</table>"
 
 
 def write_report(run_dir: Path) -> Path:

@@ -87,6 +87,11 @@ def assign_advantages(
                 kept.append(t)
     if credit == "turn" and estimator != "gae":  # gae: turn-level GAE, in the trainer
         assign_turn_advantages(good, estimator, turn_discount)
+    # An agent episode's earlier rows (`Trajectory.extra_rows`) train with its advantage.
+    for t in list(kept):
+        for row in t.extra_rows:
+            row.advantage, row.token_advantages = t.advantage, None
+            kept.append(row)
     return kept, dropped
 
 

@@ -30,7 +30,7 @@ from temper.builder.tasks import RunTasks, build_run_tasks, build_sft_rows
 from temper.builder.trainer import build_trainer
 from temper.config import Config
 from temper.errors import ConfigError
-from temper.eval.harness import evaluate
+from temper.eval.harness import CORRECT_RULES, evaluate
 from temper.models import load_model
 from temper.monitor.health import Alert, HealthMonitor
 from temper.monitor.profile import profile_to, stage
@@ -49,6 +49,7 @@ from temper.orchestrator.auto_placement import (
     fixed_placement,
     placement_metrics,
 )
+from temper.orchestrator.reward_check import check_reward_on_samples
 from temper.orchestrator.rl_step import RLStep, StepResult, sampling_params
 from temper.orchestrator.run_dir import RunDir
 from temper.orchestrator.run_guard import (
@@ -197,7 +198,7 @@ class Orchestrator:
         if self.backend.abilities.metrics:  # e.g. workers/* with rollout workers
             m.update(self.backend.metrics())
         m["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-        if self.cfg.env.enabled:
+        if self.cfg.env.enabled or self.cfg.agent.enabled:
             m.update({f"env/{k}": v for k, v in episode_stats(flat).items()})
         return m
 
@@ -300,6 +301,11 @@ class Orchestrator:
         return last_eval
 
     async def _first_eval(self, progress: RunProgress) -> dict[str, Any]:
+        # A reward that fails on every sample stops the run here, not after the eval.
+        if self.cfg.reward.check_samples:
+            await check_reward_on_samples(
+                self.cfg, self.backend.rollouts, self.model.tokenizer, self.events
+            )
         # Said before it starts: on a slow engine (HF, a VLM) the first eval can take
         # minutes, and a run that prints nothing looks like one that hangs.
         n = min(len(self.eval_tasks), self.cfg.eval.size or len(self.eval_tasks))
@@ -421,11 +427,16 @@ class Orchestrator:
 
 
 def _eval_line(step: int, result: dict[str, Any]) -> str:
+    """The console line of an eval: accuracy beside the mean reward, and a note when
+    correctness is the default rule (no reward component declares one)."""
     parts = [f"eval step {step}:"]
-    keys = ("accuracy", "pass@1", f"pass@{result.get('k')}", f"mean@{result.get('k')}")
+    k = result.get("k")
+    keys = ("accuracy", "reward_mean", "pass@1", f"pass@{k}", f"mean@{k}", f"reward_mean@{k}")
     for key in dict.fromkeys(keys):  # k = 1: pass@1 once
         if key in result:
             parts.append(f"{key} {result[key]:.3f}")
+    if result.get("correct_rule") == CORRECT_RULES["default"]:
+        parts.append("(correct: reward >= 1; no reward component declares correctness)")
     return "  ".join(parts)
 
 

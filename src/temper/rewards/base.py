@@ -15,6 +15,7 @@ import contextlib
 import math
 import numbers
 from dataclasses import dataclass, field
+from traceback import format_exception
 from typing import Protocol, runtime_checkable
 
 from temper.records import Task
@@ -40,6 +41,9 @@ class RewardResult:
     #: The reward does not apply to this sample (a TRL function returned None):
     #: a weighted sum leaves it out; it is neither a score nor an error.
     not_applicable: bool = False
+    #: The formatted traceback of the exception behind `error`, when one was raised
+    #: (the pre-run reward check writes it to events.jsonl); None otherwise.
+    traceback: str | None = None
 
 
 @dataclass
@@ -76,6 +80,11 @@ def bad_score(value: object) -> str | None:
     if not math.isfinite(value):
         return str(float(value))
     return None
+
+
+def format_traceback(exc: BaseException) -> str:
+    """``exc``'s traceback as text, chained causes included (for `RewardResult.traceback`)."""
+    return "".join(format_exception(exc)).rstrip()
 
 
 @runtime_checkable

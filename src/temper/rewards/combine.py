@@ -1,14 +1,16 @@
-"""Combine several rewards into one weighted sum."""
+"""Combine several rewards into one weighted sum; declare a component's verdict by a
+threshold on its score (`CorrectAbove`)."""
 
 from __future__ import annotations
 
 import asyncio
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import Literal
 
 from temper.errors import ConfigError, TemperError
-from temper.rewards.base import Reward, RewardInput, RewardResult, bad_score
+from temper.rewards.base import Reward, RewardInput, RewardResult, bad_score, format_traceback
 
 OnError = Literal["zero", "drop"]
 
@@ -23,8 +25,8 @@ class WeightedSum:
     correctness (non-None `correct`) says True, None if none does.
 
     When a component fails on a sample (its result has `error` set), the errors are
-    joined into the result's `error` as `"<name>: <error>; ..."`, and `on_error`
-    decides the score:
+    joined into the result's `error` as `"<name>: <error>; ..."` (their tracebacks
+    into `traceback`), and `on_error` decides the score:
       - "zero": that component counts as 0 (its entry in `components` is 0.0) and
         the other components still add up;
       - "drop": the total score is NaN, marking the sample for the caller to drop
@@ -84,6 +86,7 @@ class WeightedSum:
         total = 0.0
         components: dict[str, float] = {}
         errors: list[str] = []
+        traces: list[str] = []
         verdicts: list[bool] = []
         applied = 0
         for (reward, weight), part in zip(self.terms, parts, strict=True):
@@ -95,6 +98,7 @@ class WeightedSum:
                 error = f"returned {bad_score(part.score)}; expected a finite number"
             if error is not None:
                 errors.append(f"{reward.name}: {error}")
+                traces += [part.traceback] if part.traceback else []
                 value = 0.0 if self.on_error == "zero" else math.nan
             else:
                 value = part.score
@@ -113,6 +117,7 @@ class WeightedSum:
             components=components,
             error="; ".join(errors) or None,
             correct=all(verdicts) if verdicts else None,
+            traceback="\n\n".join(traces) or None,
         )
 
 
@@ -121,9 +126,10 @@ async def score_each(reward: Reward, inputs: list[RewardInput]) -> list[RewardRe
 
     So one completion that breaks a reward never costs the others in its batch
     their scores: an input on which the reward still fails gets a result with
-    `error` set (``"raised ValueError: ..."``). A `TemperError` (bad config or
+    `error` set (``"raised ValueError: ..."``, with the exception's `traceback`). A `TemperError` (bad config or
     data, not a bad completion) is raised as is.
     """
+    trace: str | None = None
     try:
         results = await reward.score(inputs)
         if len(results) == len(inputs):
@@ -133,9 +139,38 @@ async def score_each(reward: Reward, inputs: list[RewardInput]) -> list[RewardRe
         raise
     except Exception as exc:
         failure = f"raised {type(exc).__name__}: {' '.join(str(exc).split())}"
+        trace = format_traceback(exc)
     if len(inputs) == 1:
-        return [RewardResult(score=0.0, components={reward.name: 0.0}, error=failure)]
+        return [
+            RewardResult(score=0.0, components={reward.name: 0.0}, error=failure, traceback=trace)
+        ]
     out: list[RewardResult] = []
     for item in inputs:
         out.extend(await score_each(reward, [item]))
     return out
+
+
+class CorrectAbove:
+    """``inner``'s scores, with its verdict declared by a threshold: a sample is correct
+    when ``inner``'s (unweighted) score is above ``threshold`` (strictly).
+
+    What ``reward.components[].correct_above`` builds. It replaces any verdict
+    ``inner`` gives itself; a sample ``inner`` failed on, or that it does not apply
+    to, gets no verdict.
+    """
+
+    def __init__(self, inner: Reward, threshold: float) -> None:
+        if not math.isfinite(threshold):
+            raise ConfigError(f"correct_above must be a finite number, got {threshold}")
+        self.inner, self.threshold, self.name = inner, float(threshold), inner.name
+
+    async def score(self, inputs: list[RewardInput]) -> list[RewardResult]:
+        return [self._judge(r) for r in await self.inner.score(inputs)]
+
+    def _judge(self, r: RewardResult) -> RewardResult:
+        if r.error is not None or r.not_applicable or bad_score(r.score) is not None:
+            return replace(r, correct=None)
+        return replace(r, correct=float(r.score) > self.threshold)
+
+    def close(self) -> None:
+        self.inner.close()

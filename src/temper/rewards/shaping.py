@@ -243,6 +243,7 @@ class GatedReward:
             components={**result.components, **flags},
             error=result.error,
             correct=result.correct,
+            traceback=result.traceback,
         )
 
     def close(self) -> None:

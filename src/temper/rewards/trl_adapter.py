@@ -1,7 +1,9 @@
 """Use TRL-style reward functions as Temper rewards, and load them by name.
 
 A TRL reward function is called as `fn(prompts=[...], completions=[...], **columns)`
-and returns one float (or None: "does not apply") per completion. See `TRLRewardFunction`.
+and returns one float (or None: "does not apply") per completion, or one dict
+``{"score": float, "correct": bool}`` to also say whether it is correct. See
+`TRLRewardFunction`.
 """
 
 from __future__ import annotations
@@ -12,7 +14,14 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from temper.errors import ConfigError, TemperError
-from temper.rewards.base import TRAINER_STATE, RewardDefaults, RewardInput, RewardResult, bad_score
+from temper.rewards.base import (
+    TRAINER_STATE,
+    RewardDefaults,
+    RewardInput,
+    RewardResult,
+    bad_score,
+    format_traceback,
+)
 from temper.targets import load_target
 
 #: Column names never passed through: TRL reserves them for its own arguments.
@@ -83,8 +92,12 @@ class TRLRewardFunction(RewardDefaults):
       - a finite number is the score;
       - None means "does not apply to this completion", as in TRL: the result has
         `not_applicable` set, and a weighted sum leaves this function out of it;
-      - NaN, inf or a non-number is an error on that completion only (`error` set,
-        score `failure_score`).
+      - a dict ``{"score": x, "correct": c}`` is the score ``x`` (a number or None,
+        as above) with the function's verdict ``c`` (True/False, 0/1, or None: no
+        verdict): what the run's accuracy counts (`RewardResult.correct`). A plain
+        number declares no verdict;
+      - NaN, inf, a non-number or a dict with other keys is an error on that
+        completion only (`error` set, score `failure_score`).
     When `fn` raises on a batch, the batch is scored again one completion at a
     time, so one bad completion never costs the others their scores; a completion
     on which `fn` still fails gets the error. When `fn` returns something other
@@ -195,7 +208,7 @@ class TRLRewardFunction(RewardDefaults):
             return [self._failure(str(broken)) for _ in inputs]
         except _BatchFailed as failure:
             if len(inputs) == 1:
-                return [self._failure(str(failure))]
+                return [self._failure(str(failure), failure.__cause__)]
             return [(await self.score([item]))[0] for item in inputs]
         return [self._result(v) for v in values]
 
@@ -214,8 +227,8 @@ class TRLRewardFunction(RewardDefaults):
             out = out.tolist()
         if not isinstance(out, list | tuple):
             raise _ContractBroken(
-                f"reward function {self.name!r} must return a list of floats, "
-                f"got {type(out).__name__}"
+                f"reward function {self.name!r} must return a list (of floats, or of "
+                f'{{"score": ..., "correct": ...}} dicts), got {type(out).__name__}'
             )
         if len(out) != len(inputs):
             raise _ContractBroken(
@@ -225,6 +238,13 @@ class TRLRewardFunction(RewardDefaults):
         return list(out)
 
     def _result(self, value: Any) -> RewardResult:
+        correct: bool | None = None
+        if isinstance(value, dict):
+            problem = _dict_problem(value)
+            if problem is not None:
+                return self._failure(f"reward function {self.name!r} returned {problem}")
+            value, verdict = value["score"], value.get("correct")
+            correct = None if verdict is None else bool(float(verdict))
         if value is None:
             return RewardResult(score=0.0, not_applicable=True)
         bad = bad_score(value)
@@ -233,12 +253,27 @@ class TRLRewardFunction(RewardDefaults):
                 f"reward function {self.name!r} returned {bad}; expected a finite number or None"
             )
         score = float(value)
-        return RewardResult(score=score, components={self.name: score})
+        return RewardResult(score=score, components={self.name: score}, correct=correct)
 
-    def _failure(self, error: str) -> RewardResult:
+    def _failure(self, error: str, exc: BaseException | None = None) -> RewardResult:
         return RewardResult(
-            score=self.failure_score, components={self.name: self.failure_score}, error=error
+            score=self.failure_score,
+            components={self.name: self.failure_score},
+            error=error,
+            traceback=None if exc is None else format_traceback(exc),
         )
+
+
+def _dict_problem(value: dict[Any, Any]) -> str | None:
+    """What is wrong with a returned ``{"score": ..., "correct": ...}`` dict; None if nothing."""
+    extra = sorted(str(k) for k in value if k not in ("score", "correct"))
+    if "score" not in value or extra:
+        what = f"keys {extra}" if extra else "no 'score'"
+        return f'a dict with {what}; expected {{"score": number or None, "correct": bool}}'
+    verdict = value.get("correct")
+    if verdict is not None and (bad_score(verdict) is not None or float(verdict) not in (0, 1)):
+        return f"'correct' = {verdict!r}; expected True, False or None"
+    return None
 
 
 def load_reward_function(spec: str, what: str = "reward function") -> Callable[..., Any]:

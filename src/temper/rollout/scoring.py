@@ -14,6 +14,9 @@ async def score_trajectories(
 ) -> int:
     """Score `trajs` in one batch and store the results on them.
 
+    `correct` is the reward's declared verdict (`RewardResult.correct`), or, when it
+    declares none, reward >= 1; `correct_declared` says which.
+
     Returns the number of trajectories whose scoring failed (their `reward_error`
     is set; their reward is whatever the reward's error policy gave: 0, or NaN
     to mean "drop"). A reward that raises on the batch is retried one
@@ -30,6 +33,8 @@ async def score_trajectories(
         t.reward = float(r.score) if r.error is not None or error is None else 0.0
         t.reward_components = dict(r.components)
         t.reward_error = error
+        # The reward's declared verdict; without one, the default rule: reward >= 1.
+        t.correct_declared = r.correct is not None
         t.correct = (
             r.correct if r.correct is not None else (not math.isnan(t.reward) and t.reward >= 1.0)
         )

@@ -14,6 +14,12 @@ A forced tool call is exactly one Hermes block, ``<tool_call>{"name": ...,
 parameter schema. A sample that hits ``max_tokens`` first is cut like any
 other (finish_reason "length") and its JSON is then incomplete.
 
+The request's shape is first declared (`temper.engine.structured`); this module
+turns the declaration into processors for engines that run them (the native
+engine). An engine with ``abilities.structured_outputs`` (vLLM) takes the
+declaration itself, and `Grammars.check` only refuses here, with the same 400,
+what xgrammar cannot take.
+
 xgrammar is an optional dependency (``pip install temper-rl[grammar]``);
 without it these requests are refused with a 400 that says so.
 """
@@ -29,6 +35,7 @@ from typing import Any
 import torch
 
 from temper.engine.base import LogitsProcessor
+from temper.engine.structured import StructuredOutput, tool_call_output, xgrammar_grammar
 from temper.serve.protocol import APIError
 
 #: Compiled grammars kept per server (by their JSON key); compiling costs milliseconds
@@ -92,11 +99,7 @@ class Grammars:
                 try:
                     compiled = build(compiler)
                 except Exception as exc:  # xgrammar's errors for schemas it cannot compile
-                    first = (str(exc).splitlines() or [type(exc).__name__])[0]
-                    first = _SOURCE_PREFIX.sub("", first)  # "[time] file.cc:line: "
-                    raise APIError(
-                        f"{param}: cannot build a grammar: {first}", param=param
-                    ) from None
+                    raise _cannot(exc, param) from None
                 if len(self._cache) >= CACHE_SIZE:
                     self._cache.pop(next(iter(self._cache)))
                 self._cache[key] = compiled
@@ -105,6 +108,29 @@ class Grammars:
     def _factory(self, compiled: Any) -> Callable[[], LogitsProcessor]:
         vocab = self.vocab
         return lambda: GrammarProcessor(compiled, vocab)
+
+    def processors(self, output: StructuredOutput) -> Callable[[], LogitsProcessor]:
+        """The processor factory that holds samples to ``output`` (its ``field`` names
+        the request field in a refusal)."""
+        param = output.field or "response_format"
+        if output.kind == "json":
+            return self.json_schema(output.schema_dict, param)
+        key = "tool:" + json.dumps(output.schema_dict, sort_keys=True)
+
+        def build(compiler: Any) -> Any:
+            return compiler.compile_grammar(xgrammar_grammar(output))
+
+        return self._factory(self._compiled(key, param, build))
+
+    def check(self, output: StructuredOutput) -> None:
+        """Refuse (a 400, as `processors` would) an ``output`` xgrammar cannot take,
+        without compiling it for the tokenizer: for an engine that compiles its own."""
+        param = output.field or "response_format"
+        self._compiler_or_refuse(param)
+        try:
+            xgrammar_grammar(output)
+        except Exception as exc:  # xgrammar's errors for schemas it cannot take
+            raise _cannot(exc, param) from None
 
     def json_schema(self, schema: dict[str, Any], param: str) -> Callable[[], LogitsProcessor]:
         """Output is one JSON value valid under ``schema``."""
@@ -116,30 +142,11 @@ class Grammars:
 
     def tool_call(self, tools: list[dict[str, Any]], param: str) -> Callable[[], LogitsProcessor]:
         """Output is one Hermes ``<tool_call>{json}</tool_call>`` calling one of ``tools``."""
-        import xgrammar as xgr
+        return self.processors(tool_call_output(tools, param))
 
-        self._compiler_or_refuse(param)
-        calls = [
-            {
-                "type": "object",
-                "properties": {
-                    "name": {"const": t["function"]["name"]},
-                    "arguments": t["function"].get("parameters") or {"type": "object"},
-                },
-                "required": ["name", "arguments"],
-            }
-            for t in tools
-        ]
-        schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
-        key = "tool:" + json.dumps(schema, sort_keys=True)
 
-        def build(compiler: Any) -> Any:
-            body = xgr.Grammar.from_json_schema(schema, any_whitespace=False)
-            grammar = xgr.Grammar.concat(
-                xgr.Grammar.from_ebnf('root ::= "<tool_call>"'),
-                body,
-                xgr.Grammar.from_ebnf('root ::= "</tool_call>"'),
-            )
-            return compiler.compile_grammar(grammar)
-
-        return self._factory(self._compiled(key, param, build))
+def _cannot(exc: BaseException, param: str) -> APIError:
+    """The one-line 400 for a grammar xgrammar cannot build."""
+    first = (str(exc).splitlines() or [type(exc).__name__])[0]
+    first = _SOURCE_PREFIX.sub("", first)  # "[time] file.cc:line: "
+    return APIError(f"{param}: cannot build a grammar: {first}", param=param)

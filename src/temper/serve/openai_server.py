@@ -46,12 +46,12 @@ from starlette.requests import ClientDisconnect
 from temper.engine.base import (
     Engine,
     GenerationResult,
-    LogitsProcessorFactory,
     SampleOutput,
     SamplingParams,
     StreamingEngine,
     TokenUpdate,
 )
+from temper.engine.structured import json_output, tool_call_output
 from temper.errors import PromptTooLongError, TemperError
 from temper.models.loader import longest_token_chars
 from temper.models.tool_calls import parse_tool_calls
@@ -300,10 +300,10 @@ class OpenAIServer:
         return await asyncio.to_thread(P.chat_messages, req, self.untrusted)
 
     # ------------------------------------------------------------------ endpoints
-    def _constraint(
-        self, req: P.ChatRequest, tools: list[dict[str, Any]] | None
-    ) -> tuple[LogitsProcessorFactory, ...]:
-        """The grammar processor factories a chat request asks for (none, usually)."""
+    def _constraint(self, req: P.ChatRequest, tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+        """The `SamplingParams` fields for the output shape a chat request asks for
+        (none, usually): ``structured`` for an engine that enforces it itself (vLLM),
+        grammar ``logits_processors`` for the others."""
         forced = P.forced_tools(req, tools)
         schema = P.json_schema(req)
         if forced and schema is not None:
@@ -312,10 +312,15 @@ class OpenAIServer:
                 param="response_format",
             )
         if forced:
-            return (self.grammars.tool_call(forced, "tool_choice"),)
-        if schema is not None:
-            return (self.grammars.json_schema(schema, "response_format"),)
-        return ()
+            output = tool_call_output(forced, "tool_choice")
+        elif schema is not None:
+            output = json_output(schema, "response_format")
+        else:
+            return {}
+        if self.engine.abilities.structured_outputs:
+            self.grammars.check(output)
+            return {"structured": output}
+        return {"logits_processors": (self.grammars.processors(output),)}
 
     async def chat(self, raw: bytes) -> dict[str, Any] | StreamingResponse:
         req: P.ChatRequest = P.parse_body(raw, P.ChatRequest)
@@ -343,7 +348,7 @@ class OpenAIServer:
             raise APIError(f"messages: {exc}", param="messages") from None
         self._check_fits(ids, "messages")
         params = P.sampling_params(
-            req, len(ids), self.engine.max_context, top_logprobs=top, logits_processors=constraint
+            req, len(ids), self.engine.max_context, top_logprobs=top, **constraint
         )
         self._check_ids(list(params.stop_token_ids), "stop_token_ids")
         if req.stream:
@@ -475,6 +480,32 @@ def _error(exc: APIError) -> JSONResponse:
     return JSONResponse(exc.body(), status_code=exc.status)
 
 
+async def respond(request: Request, endpoint: Any, limits: HTTPLimits) -> Response:
+    """Read the body within ``limits``, run ``endpoint(raw)``, and answer: its JSON or
+    stream, an `APIError` as OpenAI-style JSON, any other exception as a logged 500."""
+    try:
+        raw = await read_body(request, limits)
+    except BodyError as exc:
+        refused = APIError(exc.message, status=exc.status, code=exc.code)
+        return JSONResponse(refused.body(), status_code=exc.status, headers=CLOSE)
+    except ClientDisconnect:  # nobody is left to answer
+        return _error(APIError("client disconnected before sending the body"))
+    try:
+        answer = await endpoint(raw)
+        return answer if isinstance(answer, StreamingResponse) else JSONResponse(answer)
+    except APIError as exc:
+        return _error(exc)
+    except Exception as exc:  # a bug must answer 500, not kill the server
+        log.exception("request to %s failed", request.url.path)
+        return _error(
+            APIError(
+                f"internal server error: {type(exc).__name__}: {exc}",
+                status=500,
+                type="server_error",
+            )
+        )
+
+
 def create_app(
     engine: Engine,
     tokenizer: Any,
@@ -507,27 +538,7 @@ def create_app(
     app.state.server = server
 
     async def handle(request: Request, endpoint: Any) -> Response:
-        try:
-            raw = await read_body(request, limits)
-        except BodyError as exc:
-            refused = APIError(exc.message, status=exc.status, code=exc.code)
-            return JSONResponse(refused.body(), status_code=exc.status, headers=CLOSE)
-        except ClientDisconnect:  # nobody is left to answer
-            return _error(APIError("client disconnected before sending the body"))
-        try:
-            answer = await endpoint(raw)
-            return answer if isinstance(answer, StreamingResponse) else JSONResponse(answer)
-        except APIError as exc:
-            return _error(exc)
-        except Exception as exc:  # a bug must answer 500, not kill the server
-            log.exception("request to %s failed", request.url.path)
-            return _error(
-                APIError(
-                    f"internal server error: {type(exc).__name__}: {exc}",
-                    status=500,
-                    type="server_error",
-                )
-            )
+        return await respond(request, endpoint, limits)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from temper import safe_json
 from temper.engine.base import SamplingParams
+from temper.engine.structured import StructuredOutput
 from temper.vision.images import ImageError, UntrustedImages, content_parts
 
 ROLES = ("system", "user", "assistant", "tool")
@@ -162,6 +163,7 @@ def sampling_params(
     *,
     top_logprobs: int = 0,
     logits_processors: tuple[Any, ...] = (),
+    structured: StructuredOutput | None = None,
 ) -> SamplingParams:
     """`SamplingParams` for a validated request whose prompt has `prompt_len` tokens.
 
@@ -204,6 +206,7 @@ def sampling_params(
         presence_penalty=req.presence_penalty or 0.0,
         frequency_penalty=req.frequency_penalty or 0.0,
         logits_processors=logits_processors,
+        structured=structured,
     )
 
 

@@ -1,0 +1,126 @@
+"""How `temper.engine.vllm_engine.VLLMEngine` speaks to vLLM: the engine it
+builds, each request's vLLM params, structured outputs and a quiet console.
+
+Structured outputs: a `temper.engine.structured.StructuredOutput` becomes vLLM's
+own ``StructuredOutputsParams``, on its xgrammar backend set up for compact JSON
+(``disable_any_whitespace``, as the native engine's grammars are): a JSON schema
+goes as ``json``, a forced tool call as the EBNF ``grammar`` of the very grammar
+the native engine masks with (`temper.engine.structured.xgrammar_grammar`), so
+both engines give the same ``<tool_call>{...}</tool_call>`` shape. A schema vLLM
+will not take is refused before it reaches vLLM (where a bad request would fail
+the whole batch), in one line naming the request field.
+
+Console: vLLM logs about 60 info lines while it starts and shows a progress bar
+while it loads weights. Both stay off unless ``TEMPER_VERBOSE=1`` (vLLM's warnings
+still show; an explicit ``VLLM_LOGGING_LEVEL`` is honoured).
+
+vLLM itself is imported inside the functions, never at module level.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from temper.engine.base import SamplingParams
+from temper.engine.structured import StructuredOutput, xgrammar_grammar
+from temper.errors import TemperError
+
+
+def verbose() -> bool:
+    """Whether vLLM may talk (``TEMPER_VERBOSE=1``); when not, its logger is set to
+    WARNING (before vLLM is imported, through ``VLLM_LOGGING_LEVEL``, and after)."""
+    if os.environ.get("TEMPER_VERBOSE", "0") not in ("", "0"):
+        return True
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    logging.getLogger("vllm").setLevel(os.environ["VLLM_LOGGING_LEVEL"].upper())
+    return False
+
+
+def make_llm_engine(model_path: str, **opts: Any) -> Any:
+    """An in-process `LLMEngine` for ``model_path`` (runs on the compute thread)."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    args = EngineArgs(
+        model=model_path,
+        dtype=opts["dtype"],
+        max_model_len=opts["max_context"],
+        seed=opts["seed"],
+        enable_prefix_caching=opts["prefix_caching"],
+        gpu_memory_utilization=opts["gpu_memory_utilization"],
+        enable_sleep_mode=opts["enable_sleep"],
+        max_num_seqs=opts["max_num_seqs"],
+        enforce_eager=True,
+        # vLLM 0.32 on CPU: a seeded request whose prefill is split across steps fails
+        # ("CPU Generator does not use offset"), so prompts are prefilled whole.
+        enable_chunked_prefill=False,
+        max_num_batched_tokens=max(8192, opts["max_context"] or 0),
+        logprobs_mode="raw_logprobs",
+        disable_log_stats=True,
+        use_tqdm_on_load=opts["verbose"],
+        structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True},
+    )
+    return LLMEngine.from_engine_args(args)
+
+
+def request_params(
+    params: SamplingParams, index: int, max_tokens: int, resumes: int, structured: Any = None
+) -> Any:
+    """vLLM `SamplingParams` for sample ``index`` of a Temper request (``structured``:
+    what `structured_outputs` made of ``params.structured``).
+
+    A seeded request gives sample i its own stream (and a resumed sample a new one,
+    so that it does not replay its first tokens).
+    """
+    from vllm import SamplingParams as VParams
+    from vllm.sampling_params import RequestOutputKind
+
+    seed = None
+    if params.seed is not None:
+        seed = (params.seed * 1_000_003 + index * 7919 + resumes * 104_729) % 2**63
+    return VParams(
+        n=1,
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k if params.top_k > 0 else 0,
+        max_tokens=max_tokens,
+        seed=seed,
+        logprobs=params.top_logprobs,
+        presence_penalty=params.presence_penalty,
+        frequency_penalty=params.frequency_penalty,
+        stop_token_ids=list(params.stop_token_ids),
+        ignore_eos=params.ignore_eos,
+        stop=list(params.stop_strings) or None,
+        include_stop_str_in_output=True,
+        skip_special_tokens=False,
+        detokenize=bool(params.stop_strings),
+        output_kind=RequestOutputKind.FINAL_ONLY,
+        structured_outputs=structured,
+    )
+
+
+def structured_outputs(output: StructuredOutput | None) -> Any:
+    """vLLM's ``StructuredOutputsParams`` for ``output`` (None for None), checked as
+    vLLM checks a request; a one-line `TemperError` for what vLLM cannot take."""
+    if output is None:
+        return None
+    from vllm import SamplingParams as VParams
+    from vllm.sampling_params import StructuredOutputsParams
+    from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar
+
+    try:
+        if output.kind == "json":
+            params = StructuredOutputsParams(json=output.schema)
+        else:
+            params = StructuredOutputsParams(grammar=str(xgrammar_grammar(output)))
+        validate_xgrammar_grammar(VParams(structured_outputs=params))
+    except Exception as exc:  # vLLM's and xgrammar's errors for a schema they refuse
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        field = output.field or "structured output"
+        raise TemperError(f"{field}: vLLM cannot take this schema: {first}") from None
+    return params
+
+
+__all__ = ["make_llm_engine", "request_params", "structured_outputs", "verbose"]
