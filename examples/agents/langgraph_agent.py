@@ -10,6 +10,7 @@ client Temper hands the agent.
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 from langchain_core.tools import tool
@@ -41,8 +42,8 @@ async def agent(client: AsyncOpenAI, task: Task) -> float | None:
         model="temper", base_url=str(client.base_url), api_key=client.api_key, max_retries=0
     )
     graph = create_react_agent(model, [calculator, lookup])
-    try:  # at most 4 model calls: each step of the graph is a model or a tools node
+    # At most 4 model calls (each graph step is a model or a tools node); past them
+    # the run's reward scores the last reply.
+    with contextlib.suppress(GraphRecursionError):
         await graph.ainvoke({"messages": [("user", str(task.prompt))]}, {"recursion_limit": 8})
-    except GraphRecursionError:
-        pass  # the run's reward scores the last reply
     return None

@@ -158,3 +158,41 @@ def test_a_bad_agent_setting_is_one_line_exit_2(tmp_path):
         assert proc.returncode == 2
         last = proc.stderr.strip().splitlines()[-1]
         assert words in last and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+@pytest.mark.parametrize(
+    "spec", ["examples/agents/agents_sdk.py:agent", "examples/agents/langgraph_agent.py:agent"]
+)
+def test_framework_agents_run_through_the_gateway(engine, tokenizer, spec):
+    """The OpenAI Agents SDK and LangGraph examples, unchanged but for the base URL: every
+    episode reaches the model through its session and ends with a recorded row; a
+    framework that raises on the model's misbehaviour fails only that episode."""
+    import random
+
+    from temper.envs.tool_use import ToolUseTasks
+    from temper.targets import load_target
+
+    fn = load_target(str(ROOT / spec.split(":")[0]) + ":agent", "agent.function")
+    tasks = ToolUseTasks(("calc", "lookup", "lookup_calc")).sample(random.Random(0), 3)
+
+    async def go() -> Any:
+        source = AgentRollouts(
+            engine,
+            tokenizer,
+            FunctionAgent(fn, spec, "k"),
+            EpisodeLimits(max_turns=4, timeout_s=120),
+            build_reward(RewardConfig(), tokenizer),
+        )
+        try:
+            return await source.groups(tasks, SamplingParams(n=2, max_new_tokens=48), seed=0)
+        finally:
+            await source.close()
+
+    groups, _ = asyncio.run(go())
+    flat = [t for g in groups for t in g]
+    assert len(flat) == 6
+    for t in flat:
+        assert t.env_metrics["agent_calls"] >= 1 and sum(t.loss_mask) > 0
+        assert t.finish_reason in ("done", "max_turns", "agent_error")
+        assert t.finish_reason != "agent_error" or t.env_error.startswith("agent raised")
+    assert any(t.finish_reason == "done" for t in flat)
