@@ -7,7 +7,8 @@ stake too); server 0 is SIGKILLed every ``--kill-every`` seconds and started aga
 its port. Client processes play episodes through `EnvFleet`/`RemoteEnv`, retrying
 an infra failure up to 3 times; one client is SIGKILLed every ``--vanish-every``
 seconds (its sessions are mid-episode) and replaced; every ``--leave-open-th``
-episode never calls close (the idle reaper must end it).
+episode never calls close (the idle reaper must end it). It plays at least
+``--episodes``, and on until one server and one client have been killed.
 
 Afterwards (clients gone, one idle timeout and a reaper pass later), it checks:
 sessions still open on the servers, sandboxes beyond the warm pools, then (servers
@@ -26,6 +27,7 @@ import contextlib
 import json
 import multiprocessing as mp
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -184,10 +186,16 @@ def bwrap_sandboxes(owners: set[int]) -> int:
     return count
 
 
-def scratch_dirs() -> list[str]:
+def scratch_dirs(owners: set[int] | None = None) -> list[str]:
+    """Sandbox scratch and /etc dirs; with ``owners``, only those these pids made (each
+    is named by its process), so another program's sandboxes meanwhile do not count."""
     roots = [tempfile.gettempdir(), "/dev/shm"]
-    return [os.path.join(r, n) for r in roots if os.path.isdir(r)
-            for n in os.listdir(r) if n.startswith("temper-sandbox-")]  # fmt: skip
+    found = [os.path.join(r, n) for r in roots if os.path.isdir(r)
+             for n in os.listdir(r) if n.startswith("temper-sandbox-")]  # fmt: skip
+    if owners is None:
+        return found
+    named = ((d, re.match(r"temper-sandbox-(?:etc-)?(\d+)-", os.path.basename(d))) for d in found)
+    return [d for d, m in named if m is not None and int(m.group(1)) in owners]
 
 
 # ---------------------------------------------------------------- clients
@@ -305,7 +313,11 @@ def main() -> int:
         def total(field: str) -> int:
             return int(sum(counters[i * len(FIELDS) + FIELDS.index(field)] for i in range(64)))
 
-        while total("done") + total("left_open") < args.episodes:
+        def churned() -> bool:  # at least one of each event, however fast the episodes
+            killed = args.servers < 2 or events["server_kills"] > 0
+            return killed and events["client_vanished"] > 0
+
+        while total("done") + total("left_open") < args.episodes or not churned():
             time.sleep(0.2)
             now = time.monotonic()
             if not rss and total("done") > args.episodes // 5:
@@ -344,7 +356,7 @@ def main() -> int:
             s.stop()
     time.sleep(1)
     processes_left = sum(len(session_pids(sid)) for sid in sids)
-    dirs = sorted(set(scratch_dirs()) - dirs_before)
+    dirs = sorted(set(scratch_dirs({pid for s in servers for pid in s.pids})) - dirs_before)
     result = {
         "script": "env_soak",
         "episodes": counts["done"] + counts["left_open"],

@@ -72,6 +72,7 @@ BUILT_BY_BUILDER = {
 #: the standard library, Ray's exceptions), per file: how many, and on what.
 FOREIGN_PROBES: dict[str, tuple[int, str]] = {
     "__init__.py": (1, "PEP 562 lazy export of temper.api"),
+    "models/__init__.py": (1, "PEP 562 lazy export of temper.models.loader"),
     "serve/__init__.py": (1, "PEP 562 lazy exports (FastAPI only on use)"),
     "serve/limits.py": (1, "uvicorn's transport, wrapped"),
     "targets.py": (2, "the user's module, by the dotted name in config"),
@@ -83,7 +84,7 @@ FOREIGN_PROBES: dict[str, tuple[int, str]] = {
     "rewards/harness/runner.py": (1, "os.O_NOFOLLOW, where the platform has it"),
     "rewards/rm_batcher.py": (1, "an HF model config"),
     "envs/gym_adapter.py": (2, "Gymnasium observations and env classes by name"),
-    "envs/mcp_tools.py": (9, "the MCP SDK's results, content blocks and errors"),
+    "envs/mcp_server.py": (9, "the MCP SDK's results, content blocks and errors"),
     "vision/images.py": (3, "PIL images passed by the user"),
     "vision/processor.py": (2, "an HF processor"),
     "sandbox/config.py": (1, "sys._base_executable"),

@@ -1,8 +1,8 @@
 """A plain `openai`-client agent on Temper's tool-use tasks, trained unchanged.
 
 The agent is ordinary code: it sends the question with its tools, runs the tool
-calls the model makes, sends the results back, and stops at the first reply
-without a tool call. Temper gives it a client whose ``base_url`` is the
+calls the model makes, sends the results back (an error message for a malformed
+call, as the env sends), and stops at the first reply without a tool call. Temper gives it a client whose ``base_url`` is the
 episode's gateway session; nothing else about it knows it is being trained.
 
 The tools are the tool-use env's own implementations (calculator, price lookup,
@@ -18,6 +18,7 @@ from typing import Any
 from openai import AsyncOpenAI
 
 from temper.envs.tool_use import tools_for
+from temper.models.tool_calls import parse_tool_calls
 from temper.records import Task
 
 _SANDBOX: list[Any] = []
@@ -41,15 +42,27 @@ async def agent(client: AsyncOpenAI, task: Task) -> float | None:
         )
         message = reply.choices[0].message
         messages.append(message.model_dump(exclude_none=True))
-        if not message.tool_calls:
+        # A block the server could not parse stays in the content; like the env, say
+        # what is wrong with it and go on, rather than take it as the answer.
+        _, malformed = parse_tool_calls(message.content or "")
+        if not message.tool_calls and not malformed:
             return None  # the run's reward scores the final answer
-        for call in message.tool_calls:
+        for call in message.tool_calls or []:
             messages.append(
                 {
                     "role": "tool",
                     "tool_call_id": call.id,
                     "name": call.function.name,
                     "content": await _run_tool(tools, call.function.name, call.function.arguments),
+                }
+            )
+        for error in malformed:
+            messages.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": f"invalid_{error.index}",
+                    "name": "invalid",
+                    "content": f"error: {error.message}",
                 }
             )
 

@@ -60,5 +60,19 @@ async def loops_forever(client: Any, task: Any) -> None:
         await client.chat.completions.create(model="temper", messages=ASK)
 
 
+async def sends_malformed(client: Any, task: Any) -> None:
+    """One good call, then a message with no role (the openai client raises on the 400)."""
+    await client.chat.completions.create(model="temper", messages=ASK)
+    await client.chat.completions.create(model="temper", messages=[{"content": "hi"}])
+
+
+async def calls_another_session(client: Any, task: Any) -> None:
+    """One good call, then a call on a session id that does not exist (a 404)."""
+    await client.chat.completions.create(model="temper", messages=ASK)
+    base = str(client.base_url).rstrip("/").removesuffix("/v1")
+    other = client.with_options(base_url=base.rsplit("/", 1)[0] + "/no-such-session/v1")
+    await other.chat.completions.create(model="temper", messages=ASK)
+
+
 def not_async(client: Any, task: Any) -> None:
     return None

@@ -88,13 +88,16 @@ def test_the_agent_gives_the_reward(engine, tokenizer, fn, reward):
         (A.returns_nan, "agent_error", "agent returned nan, not a finite number"),
         (A.returns_text, "agent_error", "agent returned 'great', not a number or None"),
         (A.never_calls, "agent_error", "the agent made no model call"),
+        (A.sends_malformed, "agent_error", "agent raised BadRequestError: "),
+        (A.calls_another_session, "agent_error", "agent raised NotFoundError: "),
     ],
 )
 def test_a_bad_agent_fails_only_its_episode(engine, tokenizer, fn, finish, reason):
     limits = EpisodeLimits(max_turns=4, timeout_s=1.0)
     groups, _ = _groups(engine, tokenizer, FunctionAgent(fn, fn.__name__, "k"), limits)
     for t in (t for g in groups for t in g):
-        assert t.finish_reason == finish and t.env_error == reason
+        assert t.finish_reason == finish and "\n" not in t.env_error
+        assert t.env_error == reason or (reason.endswith(": ") and t.env_error.startswith(reason))
         assert math.isnan(t.reward)  # on_error = "drop": left out of training
     zeroed, _ = _groups(engine, tokenizer, FunctionAgent(fn, "f", "k"), limits, on_error="zero")
     assert {t.reward for g in zeroed for t in g} == {0.0}

@@ -138,6 +138,35 @@ def test_edited_history_starts_a_new_row_and_counts_the_break(engine, tokenizer)
     assert rec.metrics()["agent_break_new_conversation"] == 1.0
 
 
+def test_an_edit_in_the_middle_of_the_history_starts_a_new_row(engine, tokenizer):
+    """The agent rewrites what the model said two calls ago (the first message kept):
+    a new row, the break counted as ``edited_history``; the first row keeps its ids."""
+
+    async def body(client: AsyncOpenAI, session: Any, gw: Any) -> None:
+        messages = _user("What is 2 + 3?")
+        r = await client.chat.completions.create(model="tiny", messages=messages)
+        messages.append(r.choices[0].message.model_dump(exclude_none=True))
+        messages.append({"role": "user", "content": "Show your work."})
+        r = await client.chat.completions.create(model="tiny", messages=messages)
+        messages.append(r.choices[0].message.model_dump(exclude_none=True))
+        messages[1] = {"role": "assistant", "content": "The answer is \\boxed{5}."}
+        messages.append({"role": "user", "content": "Thanks."})
+        await client.chat.completions.create(model="tiny", messages=messages)
+
+    rec = Recording(engine)
+    session, _ = run(_with_gateway(rec, tokenizer, body))
+    record = session.record
+    assert record.calls == 3 and len(record.rows) == 2
+    assert record.breaks == {"edited_history": 1} and record.repairs == {}
+    first, second = record.rows
+    assert len(first.turn_spans) == 2 and len(second.turn_spans) == 1
+    # The new row starts from what the engine was fed for the edited call.
+    assert second.prompt_ids == rec.calls[2][0]
+    assert first.prompt_ids + first.response_ids == rec.calls[1][0] + rec.calls[1][1]
+    assert record.metrics()["agent_break_edited_history"] == 1.0
+    assert record.metrics()["agent_rows"] == 2.0
+
+
 def test_a_respaced_tool_call_is_spliced_or_breaks(engine, tokenizer):
     """The agent sends its tool call back with the arguments re-spaced: the messages are the
     same conversation, the rendered ids are not. Splicing feeds the sampled ids; with

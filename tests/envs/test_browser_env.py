@@ -116,9 +116,12 @@ async def _scores(spec, policy_for, seeds: range, max_turns: int = 6) -> dict[st
 
 @pytest.mark.slow
 def test_oracle_solves_five_tasks_and_random_does_not(spec) -> None:
-    oracle = run(_scores(spec, lambda t: Oracle(), range(100, 120)))
-    rand = run(_scores(spec, lambda t: RandomPolicy(random.Random(t.id)), range(100, 110), 3))
-    print("\nMiniWoB success   oracle (20 seeds)  random (10 seeds, 3 actions)")
+    # 6 instances of each task for the oracle and 4 for the random policy (each episode
+    # is a fresh browser context): the oracle must solve every one, and random must
+    # trail it by 0.3 on average (at 8 and 6 seeds it trailed by 0.77).
+    oracle = run(_scores(spec, lambda t: Oracle(), range(100, 106)))
+    rand = run(_scores(spec, lambda t: RandomPolicy(random.Random(t.id)), range(100, 104), 3))
+    print("\nMiniWoB success   oracle (6 seeds)  random (4 seeds, 3 actions)")
     for name in ORACLE_TASKS:
         print(f"  {name:18s} {oracle[name]:6.2f}  {rand[name]:6.2f}")
     assert all(score >= 0.95 for score in oracle.values()), oracle

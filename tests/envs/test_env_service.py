@@ -281,11 +281,9 @@ def test_a_lost_server_is_an_infra_error_retried_elsewhere_never_a_zero(tokenize
         assert episode_stats(group)["env_errors"] == 0
 
 
-def test_a_step_that_outlives_the_call_timeout_is_an_infra_error(tokenizer):
-    port = free_port()
-    with ServerProcess(
-        port, f"--env.type={COUNTER}", env={"TEMPER_TEST_SLOW_STEP_S": "30"}
-    ) as slow:
+def test_a_step_that_outlives_the_call_timeout_is_an_infra_error(tokenizer, monkeypatch):
+    monkeypatch.setenv("TEMPER_TEST_SLOW_STEP_S", "30")  # read by the served env's step
+    with ServerThread(COUNTER, {}) as slow:
         f = fleet(slow.url, call_timeout_s=0.5)
         spec = remote_spec(build_env_spec(COUNTER, {}, 0), f)
         (group,) = play(spec.make_env, tokenizer, tasks=TASKS[:1], group_size=1, infra_retries=1)

@@ -77,6 +77,33 @@ def picture():
 server.run(transport="stdio", show_banner=False)
 """
 
+# Reports what a server process can see and do: run in the sandbox, it is nobody, with
+# no network, its script's folder read-only and no /root.
+PROBE_SERVER = """
+import os, socket
+from fastmcp import FastMCP
+
+server = FastMCP("probe")
+
+@server.tool
+def probe() -> dict:
+    \"\"\"What this process is and may do.\"\"\"
+    try:
+        socket.create_connection(("127.0.0.1", int(os.environ["PROBE_PORT"])), timeout=2).close()
+        net = "connected"
+    except OSError as exc:
+        net = type(exc).__name__
+    try:  # its own folder: bound read-only in the sandbox
+        open(os.path.join(os.path.dirname(__file__), "written"), "w").close()
+        wrote = True
+    except OSError:
+        wrote = False
+    return {"uid": os.getuid(), "pid": os.getpid(), "net": net, "wrote_own_folder": wrote,
+            "sees_root_home": os.path.exists("/root"), "cwd": os.getcwd()}
+
+server.run(transport="stdio", show_banner=False)
+"""
+
 # A hand-written stdio server (no SDK) whose `bad` tool answers with a malformed result.
 RAW_SERVER = """
 import json, sys
@@ -306,3 +333,126 @@ def server_call(server):
         return await server.call("echo", arguments)
 
     return echo
+
+
+def _listening_port() -> tuple[socket.socket, int]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen()
+    return sock, sock.getsockname()[1]
+
+
+@pytest.fixture
+def public_dir():
+    """A folder the sandbox uid can read (pytest's tmp_path sits in a private one)."""
+    import shutil
+    import tempfile
+
+    path = Path(tempfile.mkdtemp(prefix="temper-mcp-test-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_a_command_server_runs_in_the_sandbox_by_default(public_dir):
+    """Through the options (as a run builds it): nobody, no network, read-only root;
+    ``sandbox = false`` runs the same server as a plain subprocess of ours."""
+    from temper.envs.mcp_tools import server_from_options
+
+    script = public_dir / "probe_server.py"
+    script.write_text(PROBE_SERVER)
+    script.chmod(0o644)
+    listener, port = _listening_port()
+    results = {}
+    try:
+        for boxed in (True, False):
+            options = {"command": [sys.executable, str(script)], "env": {"PROBE_PORT": str(port)}}
+            server, scope = server_from_options(options if boxed else {**options, "sandbox": False})
+            assert scope == "run"
+            try:
+                [tool] = server.tools(["probe"])
+                results[boxed] = json.loads(asyncio.run(tool.fn()))
+            finally:
+                server.close()
+    finally:
+        listener.close()
+    inside, outside = results[True], results[False]
+    assert inside["uid"] == 65534 and inside["cwd"] == "/sandbox"
+    assert inside["net"] != "connected" and inside["wrote_own_folder"] is False
+    assert inside["sees_root_home"] is False
+    assert outside["uid"] == os.getuid() and outside["net"] == "connected"
+    assert outside["wrote_own_folder"] is True  # the probe can tell
+
+
+def test_episode_scope_starts_a_server_per_episode_and_leaves_none():
+    tokenizer = load_tokenizer("tiny")
+    options = {"categories": ["lookup_calc"], "eval_size": 4}
+    mcp = {"command": [sys.executable, SERVER], "scope": "episode"}
+    spec = build_env_spec(MCP_SPEC, {**options, "mcp": mcp}, 0)
+    before = _sandboxes()
+    try:
+        trajs = [_play(spec, tokenizer)[1] for _ in range(2)]
+    finally:
+        spec.close()
+    for traj in trajs:
+        assert traj.finish_reason == "done" and traj.env_info["success"] is True
+        assert traj.env_info["mcp_calls"] == ["lookup", "calculator"]
+    # Each episode's env closed its own server (and sandbox) when the episode ended.
+    deadline = time.monotonic() + 30
+    while _sandboxes() - before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _sandboxes() - before
+
+
+def _sandboxes() -> set[int]:
+    """Pids of bwrap processes that are children of this test process."""
+    out = subprocess.run(
+        ["ps", "-o", "pid=,ppid=,comm=", "-e"], capture_output=True, text=True, check=True
+    ).stdout
+    rows = [line.split() for line in out.splitlines()]
+    return {int(r[0]) for r in rows if len(r) == 3 and r[2] == "bwrap" and int(r[1]) == os.getpid()}
+
+
+def test_an_episode_server_that_cannot_start_is_an_infra_error(public_dir):
+    """Not a tool error shown to the policy, nor a zero: the episode is infra_error."""
+    script = public_dir / "dies.py"
+    script.write_text("import sys; sys.exit(5)\n")
+    script.chmod(0o644)
+    mcp = {"command": [sys.executable, str(script)], "scope": "episode", "connect_timeout_s": 20}
+    spec = build_env_spec(MCP_SPEC, {"categories": ["calc"], "eval_size": 2, "mcp": mcp}, 0)
+    tokenizer = load_tokenizer("tiny")
+    from temper.engine.base import SamplingParams
+
+    try:
+        [[traj]] = asyncio.run(
+            run_episodes(
+                ScriptedEngine(tokenizer, ["\\boxed{1}"]),
+                spec.make_env,
+                [spec.heldout[0]],
+                tokenizer,
+                SamplingParams(max_new_tokens=16),
+                EpisodeLimits(max_turns=2),
+                3,
+                infra_retries=0,
+            )
+        )
+    finally:
+        spec.close()
+    assert traj.finish_reason == "infra_error"
+    assert "the episode's MCP server did not start" in traj.env_error
+
+
+def test_server_options_are_validated(tmp_path):
+    private = tmp_path / "server.py"  # pytest's tmp_path is in a folder only root reads
+    private.write_text("")
+    for mcp, match in (
+        ({"url": "http://x", "scope": "forever"}, "env.options.mcp.scope"),
+        ({"url": "http://x", "sandbox": True}, "only a command runs in the sandbox"),
+        ({"command": ["python", "x.py"], "sandbox": {"memory_mb": 0}}, "sandbox.memory_mb"),
+        ({"command": ["python", "x.py"], "sandbox": "yes"}, "sandbox must be"),
+        ({"command": ["python", "x.py"], "sandbox": {"bwrap": "no-such-bwrap"}}, "sandbox = false"),
+        ({"command": ["python"], "restart": True}, "unknown key"),
+        ({"command": ["python", str(private)]}, "not reachable by uid 65534"),
+    ):
+        with pytest.raises(ConfigError, match=match):
+            build_env_spec(MCP_SPEC, {"mcp": mcp}, 0)

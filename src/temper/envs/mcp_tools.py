@@ -1,316 +1,33 @@
-"""Tools from MCP servers: an MCP server's tools as Temper `Tool`s.
+"""MCP tools in Temper envs: the tool-use tasks with tools from an MCP server.
 
-`MCPServer` connects to one server through the ``mcp`` SDK, over stdio (a
-command and its arguments: the server runs as a subprocess) or streamable HTTP
-(a URL), lists its tools and calls them. `MCPServer.tools()` turns each listed
-tool into a `Tool`: its JSON input schema becomes the Tool's ``parameters``
-(what the chat template shows the model), and a call goes through
-``call_tool``; the result's text content, joined, is the tool's result string.
-An error result (``isError``), a lost connection or any other failure raises
-`MCPToolError`, which `temper.envs.tools.execute_tool_calls` turns into an
-"error: ..." message to the model (the episode goes on); the Tool's timeout
-(``ToolEnv.tool_timeout_s``) bounds each call.
-
-One connection serves a whole run: it lives on its own thread and event loop,
-so episodes on any loop (or thread) share it, and calls may run concurrently
-(the SDK matches responses to requests by id). A connection that is lost (the
-server crashed) fails the calls in flight and is re-opened by the next call.
-Arguments can be *bound* per episode (``bind={"lookup": {"table": ...}}``):
-they are removed from the schema the model sees and added to every call.
-
+`MCPServer` (`temper.envs.mcp_server`) is one connection to an MCP server, over
+stdio (a command, run in a bubblewrap sandbox by default) or streamable HTTP.
 `MCPToolEnv` is a `ToolEnv` that records the MCP tools an episode really called,
 in order, in ``StepResult.info["mcp_calls"]`` (so the trajectory's
 ``env_info["mcp_calls"]``) for rewards to check. `mcp_tool_use_spec` is the
 `tool_use` env with its calculator and lookup tools served by an MCP server
-(``env.type = "temper.envs.mcp_tools:mcp_tool_use_spec"``).
-
-The ``mcp`` package (the ``mcp`` extra) is imported only when a server connects.
+(``env.type = "temper.envs.mcp_tools:mcp_tool_use_spec"``), one server for the
+run or one per episode (``mcp.scope``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
-import sys
-import threading
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
+from pydantic import ValidationError
+
 from temper.envs.base import AssistantTurn, Message, StepResult
+from temper.envs.mcp_server import MCPServer, MCPToolError
 from temper.envs.registry import EnvSpec
 from temper.envs.tools import Tool, ToolEnv
-from temper.errors import ConfigError
+from temper.errors import ConfigError, InfraError
 from temper.records import Task
+from temper.sandbox.command import SandboxedCommand
+from temper.sandbox.config import SandboxConfig, SandboxError
 
-
-class MCPToolError(Exception):
-    """An MCP tool call failed: an error result, a lost connection, a protocol error."""
-
-
-def _ordered_schema(schema: Mapping[str, Any]) -> dict[str, Any]:
-    """A copy with ``type``, ``properties``, ``required`` first (as Temper writes schemas):
-    the chat template renders the schema's JSON, so key order is part of the prompt."""
-    head = {k: schema[k] for k in ("type", "properties", "required") if k in schema}
-    return {**head, **{k: v for k, v in schema.items() if k not in head}}
-
-
-def _describe(exc: BaseException) -> str:
-    """``Type: message`` of an exception, or of the first leaf of an exception group
-    (anyio task groups wrap a transport's error in one)."""
-    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
-        exc = exc.exceptions[0]
-    return f"{type(exc).__name__}: {exc}"
-
-
-def _result_text(result: Any) -> str:
-    """The text of a CallToolResult: its text blocks joined by newlines (other blocks
-    are named); the structured content as JSON when there is no text."""
-    parts: list[str] = []
-    for block in result.content or []:
-        text = getattr(block, "text", None)
-        parts.append(text if isinstance(text, str) else f"[{getattr(block, 'type', '?')} content]")
-    if not parts and getattr(result, "structured_content", None) is not None:
-        return json.dumps(result.structured_content)
-    return "\n".join(parts)
-
-
-class MCPServer:
-    """One MCP server connection, shared by every episode of a run (see the module doc).
-
-    Give ``command`` (``[executable, *args]``, stdio) or ``url`` (streamable HTTP).
-    `connect()` (called by `tools()` / `call()` when needed) starts the connection;
-    `close()` ends it (and a stdio server's process). Thread-safe.
-    """
-
-    def __init__(
-        self,
-        command: Sequence[str] | None = None,
-        url: str | None = None,
-        *,
-        env: Mapping[str, str] | None = None,
-        cwd: str | None = None,
-        connect_timeout_s: float = 30.0,
-        errlog: Any = None,
-    ) -> None:
-        if (command is None) == (url is None):
-            raise ValueError("MCPServer needs exactly one of command (stdio) or url (HTTP)")
-        if command is not None and (
-            not command or not all(isinstance(c, str) and c for c in command)
-        ):
-            raise ValueError(f"MCPServer command must be a non-empty list of strings: {command!r}")
-        self.command = list(command) if command is not None else None
-        self.url = url
-        self.env = dict(env) if env else None
-        self.cwd = cwd
-        self.connect_timeout_s = connect_timeout_s
-        self.errlog = errlog if errlog is not None else sys.stderr
-        self.listed: list[Any] = []  # the SDK's Tool objects, from list_tools
-        self._lock = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._session: Any = None
-        self._stop: asyncio.Event | None = None
-        self._runner_task: asyncio.Task[None] | None = None
-        self._closed = False
-
-    @property
-    def where(self) -> str:
-        return " ".join(self.command) if self.command is not None else str(self.url)
-
-    # -- the background loop -------------------------------------------------------
-
-    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
-        if self._loop is None:
-            loop = asyncio.new_event_loop()
-            thread = threading.Thread(target=loop.run_forever, name="temper-mcp", daemon=True)
-            thread.start()
-            self._loop, self._thread = loop, thread
-        return self._loop
-
-    async def _serve(self, ready: asyncio.Future[None]) -> None:
-        """Open the transport and session, list the tools, then hold them until stopped
-        (or until the connection breaks)."""
-        from mcp.client.session import ClientSession
-
-        session = None
-        try:
-            async with contextlib.AsyncExitStack() as stack:
-                if self.command is not None:
-                    from mcp.client.stdio import StdioServerParameters, stdio_client
-
-                    params = StdioServerParameters(
-                        command=self.command[0], args=self.command[1:], env=self.env, cwd=self.cwd
-                    )
-                    streams = await stack.enter_async_context(stdio_client(params, self.errlog))
-                else:
-                    from mcp.client.streamable_http import streamable_http_client
-
-                    streams = await stack.enter_async_context(streamable_http_client(self.url))
-                session = await stack.enter_async_context(ClientSession(streams[0], streams[1]))
-                await session.initialize()
-                listed, cursor = [], None
-                while True:
-                    from mcp.types import PaginatedRequestParams
-
-                    params_ = PaginatedRequestParams(cursor=cursor) if cursor else None
-                    page = await session.list_tools(params=params_)
-                    listed.extend(page.tools)
-                    cursor = getattr(page, "next_cursor", None)
-                    if not cursor:
-                        break
-                self.listed, self._session = listed, session
-                self._stop = asyncio.Event()
-                ready.set_result(None)
-                await self._stop.wait()
-        except BaseException as exc:
-            if not ready.done():
-                ready.set_exception(exc)
-            elif not isinstance(exc, Exception | asyncio.CancelledError):
-                raise
-        finally:
-            if self._session is session:
-                self._session = None
-
-    def connect(self) -> None:
-        """Connect (once; again after the connection was lost). Raises MCPToolError."""
-        with self._lock:
-            if self._closed:
-                raise MCPToolError(f"MCP server {self.where!r} is closed")
-            if self._session is not None:
-                return
-            self._stop_runner()  # what is left of a lost connection
-            loop = self._ensure_loop()
-
-            async def start() -> None:
-                ready: asyncio.Future[None] = loop.create_future()
-                self._runner_task = loop.create_task(self._serve(ready))
-                await asyncio.wait_for(ready, self.connect_timeout_s)
-
-            try:
-                asyncio.run_coroutine_threadsafe(start(), loop).result()
-            except Exception as exc:
-                self._stop_runner()
-                raise MCPToolError(
-                    f"cannot connect to MCP server {self.where!r}: {_describe(exc)}"
-                ) from exc
-
-    def _stop_runner(self) -> None:
-        task = self._runner_task
-        if task is None or self._loop is None:
-            return
-
-        async def stop() -> None:
-            if self._stop is not None:
-                self._stop.set()
-            try:
-                await asyncio.wait_for(asyncio.shield(task), 5.0)
-            except BaseException:
-                task.cancel()
-                with contextlib.suppress(BaseException):
-                    await task
-
-        with contextlib.suppress(Exception):
-            asyncio.run_coroutine_threadsafe(stop(), self._loop).result(15.0)
-        self._runner_task = None
-        self._stop = None
-
-    def close(self) -> None:
-        """End the connection (a stdio server process exits) and the loop's thread."""
-        with self._lock:
-            self._closed = True
-            self._stop_runner()
-            if self._loop is not None:
-                self._loop.call_soon_threadsafe(self._loop.stop)
-                if self._thread is not None:
-                    self._thread.join(5.0)
-                if not self._loop.is_running():
-                    self._loop.close()
-                self._loop = self._thread = None
-
-    # -- calls ---------------------------------------------------------------------
-
-    async def _call_on_loop(
-        self, name: str, arguments: dict[str, Any], timeout_s: float | None
-    ) -> str:
-        session = self._session
-        if session is None:
-            raise MCPToolError(f"MCP server {self.where!r} is not connected")
-        try:
-            result = await session.call_tool(name, arguments, read_timeout_seconds=timeout_s)
-        except Exception as exc:
-            from mcp.types import CONNECTION_CLOSED
-
-            if getattr(getattr(exc, "error", None), "code", None) == CONNECTION_CLOSED:
-                if self._session is session:  # the next call reconnects
-                    self._session = None
-                    if self._stop is not None:
-                        self._stop.set()
-                raise MCPToolError(
-                    f"MCP server {self.where!r} closed the connection (it crashed or exited); "
-                    "the next call reconnects"
-                ) from exc
-            if callable(getattr(exc, "errors", None)) and hasattr(exc, "title"):  # pydantic's
-                problems = "; ".join(
-                    f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg')}" for e in exc.errors()
-                )
-                raise MCPToolError(f"malformed {exc.title} from the server: {problems}") from exc
-            raise MCPToolError(_describe(exc)) from exc
-        text = _result_text(result)
-        if getattr(result, "is_error", False):
-            raise MCPToolError(text or "the MCP server returned an error with no text")
-        return text
-
-    async def call(
-        self, name: str, arguments: Mapping[str, Any], timeout_s: float | None = None
-    ) -> str:
-        """Call tool ``name`` from any event loop; its text, or MCPToolError."""
-        if self._session is None or self._runner_task is None or self._runner_task.done():
-            await asyncio.to_thread(self.connect)  # the first call, or after a crash
-        assert self._loop is not None
-        future = asyncio.run_coroutine_threadsafe(
-            self._call_on_loop(name, dict(arguments), timeout_s), self._loop
-        )
-        try:
-            return await asyncio.wrap_future(future)
-        except asyncio.CancelledError:
-            future.cancel()  # a Tool timeout: cancel the request on the MCP loop too
-            raise
-
-    def tools(
-        self,
-        names: Iterable[str] | None = None,
-        bind: Mapping[str, Mapping[str, Any]] | None = None,
-    ) -> list[Tool]:
-        """The server's tools as Temper Tools (``names``: these, in this order).
-
-        ``bind[tool]`` maps argument names to values that every call of that
-        tool gets; they are not in the schema the model sees.
-        """
-        if not self.listed or self._session is None:
-            self.connect()
-        by_name = {t.name: t for t in self.listed}
-        wanted = list(names) if names is not None else list(by_name)
-        missing = [n for n in wanted if n not in by_name]
-        if missing:
-            raise MCPToolError(
-                f"MCP server {self.where!r} has no tool(s) {missing}; it has {sorted(by_name)}"
-            )
-        return [self._tool(by_name[n], dict((bind or {}).get(n, {}))) for n in wanted]
-
-    def _tool(self, listed: Any, bound: dict[str, Any]) -> Tool:
-        schema = dict(listed.input_schema or {"type": "object"})
-        if bound:
-            props = {k: v for k, v in schema.get("properties", {}).items() if k not in bound}
-            schema["properties"] = props
-            if "required" in schema:
-                schema["required"] = [r for r in schema["required"] if r not in bound]
-        name = listed.name
-
-        async def call(**arguments: Any) -> str:
-            return await self.call(name, {**arguments, **bound})
-
-        return Tool(name, listed.description or "", _ordered_schema(schema), call)
+__all__ = ["MCPServer", "MCPToolEnv", "MCPToolError", "MCPToolUseEnv", "mcp_tool_use_spec"]
 
 
 class MCPToolEnv(ToolEnv):
@@ -339,14 +56,34 @@ class MCPToolEnv(ToolEnv):
 
 
 class MCPToolUseEnv(MCPToolEnv):
-    """The `tool_use` env's episode (prompt, scoring) with MCP-served tools."""
+    """The `tool_use` env's episode (prompt, scoring) with MCP-served tools.
 
-    def __init__(self, task: Task, tools: Iterable[Tool], tool_timeout_s: float) -> None:
+    Give ``tools`` (from the run's shared server) or ``own_server`` (started at
+    `reset`, with ``names`` and ``bind`` chosen from it, and closed at `close`: one
+    server per episode). A server of its own that cannot start is an `InfraError`.
+    """
+
+    def __init__(
+        self,
+        task: Task,
+        tools: Iterable[Tool],
+        tool_timeout_s: float,
+        own_server: MCPServer | None = None,
+        names: Sequence[str] = (),
+        bind: Mapping[str, Mapping[str, Any]] | None = None,
+    ) -> None:
         super().__init__(tools, tool_timeout_s=tool_timeout_s)
         self._answer = str(task.answer)
+        self._own, self._names, self._bind = own_server, list(names), bind
 
     async def reset(self, task: Task, seed: int | None = None) -> list[Message]:
         self.mcp_calls.clear()
+        if self._own is not None and not self.tool_map:
+            try:
+                tools = await asyncio.to_thread(self._own.tools, self._names, self._bind)
+            except MCPToolError as exc:
+                raise InfraError(f"the episode's MCP server did not start: {exc}") from exc
+            self.tool_map = {t.name: self._recording(t) for t in tools}
         return [{"role": "user", "content": str(task.prompt)}]
 
     async def answer(self, turn: AssistantTurn) -> StepResult:
@@ -357,16 +94,45 @@ class MCPToolUseEnv(MCPToolEnv):
         info = {"success": success, "mcp_calls": list(self.mcp_calls)}
         return StepResult([], reward=1.0 if success else 0.0, done=True, info=info)
 
+    async def close(self) -> None:
+        if self._own is not None:
+            await asyncio.to_thread(self._own.close)
 
-def server_from_options(value: Any, where: str = "env.options.mcp") -> MCPServer:
-    """An MCPServer from ``{"command": [...]}`` or ``{"url": "http://..."}`` (plus
-    optional ``env`` (dict), ``cwd`` and ``connect_timeout_s``); ConfigError if bad."""
+
+#: A sandboxed server lives for a run or an episode, not for one call: a CPU budget
+#: and address space for a Python server and its imports (SandboxConfig's own
+#: defaults, 10 s and 1 GiB, are a snippet's).
+SERVER_SANDBOX = {"cpu_s": 3600, "memory_mb": 2048, "allow_fallback": False}
+_SERVER_KEYS = {"command", "url", "env", "cwd", "connect_timeout_s", "scope", "sandbox"}
+
+
+def _sandbox_config(value: Any, where: str) -> SandboxConfig:
+    """``sandbox = true`` or a table of `SandboxConfig` fields; ConfigError if bad."""
+    fields = {} if value is True else value
+    if not isinstance(fields, dict):
+        raise ConfigError(f"{where}.sandbox must be true, false or a table of sandbox settings")
+    try:
+        return SandboxConfig(**{**SERVER_SANDBOX, **fields})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(map(str, first["loc"]))
+        raise ConfigError(f"{where}.sandbox.{loc}: {first['msg']}") from None
+
+
+def server_from_options(value: Any, where: str = "env.options.mcp") -> tuple[MCPServer, str]:
+    """(an MCPServer, its scope) from ``{"command": [...]}`` or ``{"url": "http://..."}``,
+    plus optional ``env`` (dict), ``cwd``, ``connect_timeout_s``, ``scope`` ("run", the
+    default: one server for the run; "episode": one per episode) and ``sandbox`` (a
+    command's default is true: it runs in bubblewrap; a table sets `SandboxConfig`
+    fields; false runs it as a plain subprocess). ConfigError if bad."""
     usage = f'{where} must be {{"command": [exe, *args]}} or {{"url": "http(s)://..."}}'
     if not isinstance(value, dict):
         raise ConfigError(f"{usage}, got {value!r}")
-    unknown = sorted(set(value) - {"command", "url", "env", "cwd", "connect_timeout_s"})
+    unknown = sorted(set(value) - _SERVER_KEYS)
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {unknown}; allowed {sorted(_SERVER_KEYS)}")
     command, url = value.get("command"), value.get("url")
-    ok = not unknown and (command is None) != (url is None)
+    ok = (command is None) != (url is None)
     if command is not None:
         ok = ok and isinstance(command, list) and bool(command)
         ok = ok and all(isinstance(c, str) and c for c in command)
@@ -380,19 +146,44 @@ def server_from_options(value: Any, where: str = "env.options.mcp") -> MCPServer
     ok = ok and isinstance(timeout, int | float) and not isinstance(timeout, bool) and timeout > 0
     if not ok:
         raise ConfigError(f"{usage}, got {value!r}")
-    return MCPServer(command, url, env=env, cwd=value.get("cwd"), connect_timeout_s=float(timeout))
+    scope = value.get("scope", "run")
+    if scope not in ("run", "episode"):
+        raise ConfigError(f'{where}.scope must be "run" or "episode", got {scope!r}')
+    boxed = value.get("sandbox", command is not None)
+    if boxed is not False and url is not None:
+        raise ConfigError(
+            f"{where}.sandbox: a server at a URL runs elsewhere; only a command runs in the sandbox"
+        )
+    sandbox = None
+    if boxed is not False:
+        sandbox = _sandbox_config(boxed, where)
+        try:  # found now, in one line, rather than as every episode's failure
+            SandboxedCommand(command, sandbox, value.get("cwd")).close()
+        except SandboxError as exc:
+            raise ConfigError(
+                f"{where}.sandbox: {exc} (sandbox = false runs it unsandboxed)"
+            ) from None
+    server = MCPServer(
+        command,
+        url,
+        env=env,
+        cwd=value.get("cwd"),
+        connect_timeout_s=float(timeout),
+        sandbox=sandbox,
+    )
+    return server, scope
 
 
 def mcp_tool_use_spec(options: dict[str, Any], seed: int) -> EnvSpec:
     """Spec factory: the `tool_use` env with calculator and lookup from an MCP server.
 
-    Options: ``mcp`` (required: ``{"command": [...]}`` or ``{"url": ...}``, see
-    `server_from_options`), ``categories`` (a subset of calc, lookup,
-    lookup_calc; default all three), ``eval_size`` (default 200),
+    Options: ``mcp`` (required: ``{"command": [...]}`` or ``{"url": ...}``, with
+    ``scope`` and ``sandbox``; see `server_from_options`), ``categories`` (a subset of
+    calc, lookup, lookup_calc; default all three), ``eval_size`` (default 200),
     ``tool_timeout_s`` (default 10). The server must offer ``calculator(expression)``
     and ``lookup(key, table)``; ``table`` is bound to the task's price table
-    (see examples/mcp/tool_server.py). One connection serves the run; it opens
-    at the first episode.
+    (see examples/mcp/tool_server.py). With scope "run" one connection serves the
+    run and opens at the first episode; with "episode" each episode starts its own.
     """
     from temper.data.sampler import ProceduralSampler
     from temper.envs.tool_use import CATEGORY_TOOLS, ToolUseTasks
@@ -405,7 +196,7 @@ def mcp_tool_use_spec(options: dict[str, Any], seed: int) -> EnvSpec:
         )
     if "mcp" not in options:
         raise ConfigError('env.options.mcp is required: {"command": [...]} or {"url": "..."}')
-    server = server_from_options(options["mcp"])
+    server, scope = server_from_options(options["mcp"])
     supported = ("calc", "lookup", "lookup_calc")
     categories = options.get("categories", list(supported))
     if not isinstance(categories, list) or not set(categories) <= set(supported):
@@ -421,6 +212,9 @@ def mcp_tool_use_spec(options: dict[str, Any], seed: int) -> EnvSpec:
     def make_env(task: Task) -> MCPToolUseEnv:
         names = CATEGORY_TOOLS[task.category]
         bind = {"lookup": {"table": task.columns["table"]}} if "lookup" in names else None
+        if scope == "episode":
+            own = server.copy()
+            return MCPToolUseEnv(task, [], float(timeout), own, names, bind)
         return MCPToolUseEnv(task, server.tools(names, bind), float(timeout))
 
     return EnvSpec(

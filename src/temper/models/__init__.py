@@ -11,17 +11,12 @@ template, ``raw`` plain text for base models, a built-in one, or a ``.jinja`` fi
 `ToolCallError`s).
 """
 
-from temper.models.loader import (
-    TINY_DIR,
-    TINY_RM_DIR,
-    TINY_VLM_DIR,
-    is_vision_language,
-    load_model,
-    load_processor,
-    load_tokenizer,
-    resolve_model_path,
-)
+import importlib
+from typing import Any
 
+# Lent lazily (PEP 562): `temper.models.tool_calls` and `chat_template` are light and
+# imported by envs and servers that load no model; `loader` pulls in torch and
+# transformers (seconds), so it loads on first use of one of these names.
 __all__ = [
     "TINY_DIR",
     "TINY_RM_DIR",
@@ -32,3 +27,9 @@ __all__ = [
     "load_tokenizer",
     "resolve_model_path",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        return getattr(importlib.import_module("temper.models.loader"), name)
+    raise AttributeError(f"module 'temper.models' has no attribute {name!r}")

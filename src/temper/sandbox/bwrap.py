@@ -143,8 +143,6 @@ def sandbox_argv(
     extra = list(cfg.ro_binds)
     if not _under(os.path.realpath(cfg.python), SYSTEM_DIRS):
         extra.append(prefix)
-    for path in extra:
-        argv += ["--ro-bind", path, path]
     size = str(cfg.tmpfs_mb << 20)
     argv += [
         "--proc",
@@ -159,6 +157,11 @@ def sandbox_argv(
         size,
         "--tmpfs",
         "/tmp",
+    ]
+    # After the tmpfs mounts, so that a folder under /tmp (a script's) is not hidden.
+    for path in extra:
+        argv += ["--ro-bind", path, path]
+    argv += [
         "--bind",
         scratch,
         WORKDIR,

@@ -86,6 +86,9 @@ class WireServer:
             compression=None,  # msgpack frames of bytes and short strings gain little
             ping_interval=20,
             ping_timeout=60,
+            # At stop, a peer whose loop is gone never answers the closing handshake;
+            # websockets' default waits 10 s for each such peer.
+            close_timeout=1,
         )
         self.port = next(iter(self._server.sockets)).getsockname()[1]
 
