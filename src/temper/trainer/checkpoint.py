@@ -17,7 +17,7 @@ It is written to a temporary sibling (`.step_N.<random>`) and renamed into
 place, so a crash never leaves a half-written `step_N`; the next run in the
 directory removes such a leftover (`remove_partial_checkpoints`). Older
 checkpoints beyond `keep` are removed, except the best held-out step that
-`checkpoints/best.json` names (`mark_best`). `Cadence` decides when the loop
+`checkpoints/best.json` names and the `checkpoints/best` link points to (`mark_best`). `Cadence` decides when the loop
 writes one: every N steps, and every M minutes of training (on by default, so a
 killed run can resume). A write that fails because the disk is full raises an
 OSError with errno ENOSPC, whatever library did the writing (torch's own message
@@ -45,6 +45,8 @@ STATE_FILE = "state.json"
 DCP_DIR = "dcp"
 #: Names the best held-out step's checkpoint, which pruning keeps.
 BEST_FILE = "best.json"
+#: A link to the best step's folder (`mark_best`).
+BEST_LINK = "best"
 
 
 class Cadence:
@@ -155,6 +157,12 @@ def mark_best(ckpt_root: Path, step: int, accuracy: float, keep: int) -> None:
     tmp = ckpt_root / f".{BEST_FILE}.tmp"
     tmp.write_text(json.dumps({"step": step, "accuracy": accuracy}))
     os.replace(tmp, ckpt_root / BEST_FILE)
+    # `checkpoints/best`, a relative link to the step's folder, so that the best model
+    # loads by path (`--model.path runs/NAME/checkpoints/best`) and moves with the run.
+    link = ckpt_root / f".{BEST_LINK}.tmp"
+    link.unlink(missing_ok=True)
+    link.symlink_to(f"step_{step}", target_is_directory=True)
+    os.replace(link, ckpt_root / BEST_LINK)
     prune_checkpoints(ckpt_root, keep)
 
 
