@@ -173,3 +173,33 @@ print(json.dumps({
 """,
     )
     assert out == {"files": [], "sleepers": 0}
+
+
+def test_a_read_only_bind_under_tmp_is_seen_and_cannot_be_written():
+    """ro_binds are mounted after the sandbox's own /tmp, so a host folder under /tmp
+    (an MCP server's script, say) is visible, read-only, beside the private tmpfs."""
+    import shutil
+    import tempfile
+
+    from temper.sandbox import Sandbox
+
+    from .conftest import CONFIG, bwrap_problem
+
+    if bwrap_problem():
+        pytest.skip(bwrap_problem())
+    shared = tempfile.mkdtemp(prefix="temper-ro-bind-test-")
+    try:
+        os.chmod(shared, 0o755)
+        with open(os.path.join(shared, "hello.txt"), "w") as f:
+            f.write("from the host")
+        os.chmod(os.path.join(shared, "hello.txt"), 0o644)
+        box = Sandbox(CONFIG.model_copy(update={"ro_binds": [shared]}))
+        script = f"cat {shared}/hello.txt; echo; touch {shared}/x 2>/dev/null || echo refused"
+        result = box.run(["sh", "-c", script])
+        box.close()
+        lines = result.stdout.splitlines()
+        assert result.ok, result
+        assert lines[0] == "from the host" and lines[1] == "refused"
+        assert not os.path.exists(os.path.join(shared, "x"))
+    finally:
+        shutil.rmtree(shared, ignore_errors=True)
