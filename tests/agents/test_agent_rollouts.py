@@ -103,6 +103,34 @@ def test_a_bad_agent_fails_only_its_episode(engine, tokenizer, fn, finish, reaso
     assert {t.reward for g in zeroed for t in g} == {0.0}
 
 
+class SlowEngine:
+    """The engine, each call ``delay_s`` slower: as when many episodes queue for it."""
+
+    def __init__(self, engine: NativeEngine, delay_s: float) -> None:
+        self.engine, self.delay_s = engine, delay_s
+
+    def __getattr__(self, name: str) -> Any:  # a test double: forward the rest
+        return getattr(self.engine, name)
+
+    async def generate(self, ids: list[int], params: SamplingParams) -> Any:
+        await asyncio.sleep(self.delay_s)
+        return await self.engine.generate(ids, params)
+
+
+def test_time_in_the_engine_is_not_the_agents(engine, tokenizer):
+    """timeout_s bounds the agent's own time: two calls of 1.5 s each in a (slow) engine
+    fit a 1 s limit, while an agent that hangs after its call does not."""
+    limits = EpisodeLimits(max_turns=4, timeout_s=1.0)
+    slow = SlowEngine(engine, 1.5)
+    groups, _ = _groups(slow, tokenizer, FunctionAgent(A.answers, "a", "k"), limits)
+    for t in (t for g in groups for t in g):
+        assert t.finish_reason == "done" and t.env_error is None
+        assert t.env_metrics["agent_calls"] == 2
+    groups, _ = _groups(slow, tokenizer, FunctionAgent(A.hangs, "h", "k"), limits)
+    for t in (t for g in groups for t in g):
+        assert t.finish_reason == "timeout" and t.env_metrics["agent_calls"] == 1
+
+
 def test_running_out_of_turns_is_the_policys_and_scored(engine, tokenizer):
     limits = EpisodeLimits(max_turns=2, timeout_s=60)
     groups, _ = _groups(engine, tokenizer, FunctionAgent(A.loops_forever, "l", "k"), limits)

@@ -2,7 +2,8 @@
 engine through its own gateway session (`temper.serve.gateway`).
 
 `AgentRollouts.groups` plays ``params.n`` episodes per task, at most
-``max_concurrency`` at once, each within ``limits.timeout_s``. An episode's
+``max_concurrency`` at once, each within ``limits.timeout_s`` of the agent's own
+time (its calls' time in the engine is not counted; see `_within`). An episode's
 trajectory is its session's last row; rows before it (after a break) ride along
 in `Trajectory.extra_rows` and are trained with the episode's advantage.
 
@@ -121,8 +122,9 @@ class AgentRollouts:
         reward_url = session.base_url.removesuffix("/v1") + "/reward"
         finish = "done"
         try:
-            async with asyncio.timeout(self.limits.timeout_s):
-                outcome = await self.agent.run(session.base_url, reward_url, task)
+            outcome = await _within(
+                self.agent.run(session.base_url, reward_url, task), session, self.limits.timeout_s
+            )
         except TimeoutError:
             outcome = AgentOutcome(error=f"agent did not finish within {self.limits.timeout_s}s")
             finish = "timeout"
@@ -219,3 +221,25 @@ def _trajectory(
     traj.episode_seed = seed
     traj.answer = task.answer
     return traj
+
+
+async def _within(run: Any, session: GatewaySession, timeout_s: float | None) -> AgentOutcome:
+    """Await the agent; cancel it (TimeoutError) once it has spent ``timeout_s`` of its
+    own time (`GatewaySession.agent_s`). Time in the engine does not count: when a
+    step's or an eval's episodes all start at once, the later ones queue behind the
+    others' generation, which is the policy's time, not a hung agent's."""
+    task = asyncio.ensure_future(run)
+    if timeout_s is None:
+        return await task
+    try:
+        while True:
+            left = timeout_s - session.agent_s()
+            if left <= 0 and session.engine_since is None:
+                raise TimeoutError
+            done, _ = await asyncio.wait({task}, timeout=max(left, 0.05))
+            if done:
+                return task.result()
+    finally:
+        if not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)

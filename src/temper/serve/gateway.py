@@ -30,6 +30,7 @@ import contextlib
 import copy
 import math
 import secrets
+import time
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -74,6 +75,28 @@ class GatewaySession:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     context: CallContext = field(default_factory=CallContext)
     server: OpenAIServer | None = None
+    opened_at: float = field(default_factory=time.monotonic)
+    #: Seconds the session's finished calls spent in the engine (queued and generating).
+    engine_s: float = 0.0
+    #: When the call now in the engine started (None: none is).
+    engine_since: float | None = None
+
+    def agent_s(self, now: float | None = None) -> float:
+        """Seconds since the session opened that the agent spent on its own: the time
+        its calls waited for and ran in the engine is the policy's, not the agent's."""
+        now = time.monotonic() if now is None else now
+        in_call = 0.0 if self.engine_since is None else now - self.engine_since
+        return now - self.opened_at - self.engine_s - in_call
+
+    @contextlib.contextmanager
+    def in_engine(self) -> Iterator[None]:
+        """Count the enclosed call as engine time (see `agent_s`)."""
+        self.engine_since = time.monotonic()
+        try:
+            yield
+        finally:
+            self.engine_s += time.monotonic() - self.engine_since
+            self.engine_since = None
 
 
 class SessionEngine:
@@ -142,14 +165,14 @@ class SessionEngine:
         return result
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams) -> GenerationResult:
-        with self._planned(prompt_ids, params) as (plan, p):
+        with self._planned(prompt_ids, params) as (plan, p), self.session.in_engine():
             result = await self.engine.generate(plan.ids, p)
         return self._record(result, prompt_ids)
 
     async def generate_stream(
         self, prompt_ids: list[int], params: SamplingParams
     ) -> AsyncIterator[TokenUpdate]:
-        with self._planned(prompt_ids, params) as (plan, p):
+        with self._planned(prompt_ids, params) as (plan, p), self.session.in_engine():
             async for update in self.engine.generate_stream(plan.ids, p):  # type: ignore[attr-defined]
                 if update.result is not None:
                     self._record(update.result, prompt_ids)
