@@ -173,8 +173,15 @@ def _train(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
-def test_an_agent_trains_through_temper_train(tmp_path):
-    proc = _train(tmp_path, "--agent.function=tests.agents.agents_for_tests:answers")
+@pytest.mark.parametrize("backend", ["local", "process"])
+def test_an_agent_trains_through_temper_train(tmp_path, backend):
+    """In the run's process, and in a rollout worker process (its own engine and
+    gateway, the agent imported there by name)."""
+    proc = _train(
+        tmp_path,
+        "--agent.function=tests.agents.agents_for_tests:answers",
+        f"--orchestrator.backend={backend}",
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = [json.loads(line) for line in (tmp_path / "agent" / "metrics.jsonl").open()]
     steps = [r for r in rows if "loss" in r]
@@ -182,13 +189,15 @@ def test_an_agent_trains_through_temper_train(tmp_path):
     assert all(r["env/agent_calls"] == 32 for r in steps)  # 16 episodes of 2 calls
 
 
-def test_a_bad_agent_setting_is_one_line_exit_2(tmp_path):
-    missing = _train(tmp_path, "--agent.function=tests.agents.agents_for_tests:nope")
-    sync = _train(tmp_path, "--agent.function=tests.agents.agents_for_tests:not_async")
-    for proc, words in ((missing, "nope"), (sync, "must be an async function")):
-        assert proc.returncode == 2
-        last = proc.stderr.strip().splitlines()[-1]
-        assert words in last and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+def test_a_bad_agent_setting_is_one_line_exit_2(tmp_path, capsys):
+    from temper.cli.main import main
+
+    for target, words in (("nope", "nope"), ("not_async", "must be an async function")):
+        capsys.readouterr()
+        args = ["train", f"--run.output_dir={tmp_path}", "--run.name=bad", "--eval.every=0"]
+        code = main([*args, f"--agent.function=tests.agents.agents_for_tests:{target}"])
+        err = capsys.readouterr().err.strip().splitlines()
+        assert code == 2 and len(err) == 1 and words in err[0], err
 
 
 @pytest.mark.parametrize(
