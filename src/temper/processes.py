@@ -14,3 +14,16 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def fd_ready(fd: int, timeout_s: float, *, write: bool = False) -> bool:
+    """Whether ``fd`` becomes readable (or writable) within ``timeout_s``.
+
+    poll, not select: select refuses descriptors numbered 1024 or more, which a
+    process holding hundreds of sockets (a gateway serving 800 agent episodes) has.
+    """
+    import select
+
+    poller = select.poll()
+    poller.register(fd, select.POLLOUT if write else select.POLLIN)
+    return bool(poller.poll(max(0.0, timeout_s) * 1000.0))

@@ -192,3 +192,24 @@ def test_warm_child_cannot_ptrace_or_read_its_server():
         )
         assert r.stdout.splitlines() == ["-1 Operation not permitted", "PermissionError"] * 2, r
         assert pool.run_python("print('fine')").stdout == "fine\n"
+
+
+def test_runs_from_a_process_holding_over_a_thousand_descriptors(box):
+    """A gateway serving hundreds of agent episodes holds a socket each; the sandbox's
+    own pipes then get descriptors past 1024, which select() refuses."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"RLIMIT_NOFILE hard limit {hard} < 1200")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    try:
+        assert max(held) >= 1024
+        result = box.run(["sh", "-c", "echo fine"])
+        assert result.ok, result
+        assert result.stdout == "fine\n"
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

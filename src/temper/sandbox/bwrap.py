@@ -17,7 +17,6 @@ import json
 import logging
 import os
 import re
-import select
 import shutil
 import signal
 import stat
@@ -27,7 +26,7 @@ import threading
 import time
 from pathlib import PurePosixPath
 
-from temper.processes import pid_alive
+from temper.processes import fd_ready, pid_alive
 from temper.sandbox._server import empty_dir
 from temper.sandbox.config import WORKDIR, SandboxConfig
 
@@ -255,7 +254,7 @@ def read_init_pid(fd: int, deadline: float) -> int | None:
     data = b""
     while len(data) < 4096:
         left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
+        if left <= 0 or not fd_ready(fd, left):
             return None
         chunk = os.read(fd, 4096)
         if not chunk:
@@ -294,10 +293,10 @@ def await_init(pid_fd: int | None, timeout_s: float = 5.0) -> None:
     if pid_fd is None:
         return
     try:
-        if not select.select([pid_fd], [], [], timeout_s)[0]:
+        if not fd_ready(pid_fd, timeout_s):
             with contextlib.suppress(OSError):
                 signal.pidfd_send_signal(pid_fd, signal.SIGKILL)
-            select.select([pid_fd], [], [], timeout_s)
+            fd_ready(pid_fd, timeout_s)
     finally:
         os.close(pid_fd)
 

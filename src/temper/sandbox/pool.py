@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import select
 import signal
 import subprocess
 import threading
@@ -38,6 +37,7 @@ import weakref
 from collections.abc import Callable
 from pathlib import Path
 
+from temper.processes import fd_ready
 from temper.sandbox import _server
 from temper.sandbox.bwrap import (
     PATH,
@@ -133,7 +133,7 @@ class _Worker:
     def _read(self, n: int, deadline: float) -> bytes | None:
         while len(self._buf) < n:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not select.select([self._resp_r], [], [], remaining)[0]:
+            if remaining <= 0 or not fd_ready(self._resp_r, remaining):
                 return None
             chunk = os.read(self._resp_r, max(65536, n - len(self._buf)))
             if not chunk:
