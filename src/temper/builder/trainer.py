@@ -1,13 +1,17 @@
-"""The run's trainer from `[trainer]`, `[algo]` and `[critic]`: a `PolicyTrainer` in this
-process at ``world_size = 1``, else a `DistributedTrainer` over spawned, launched
-(torchrun, mpirun) or Ray ranks."""
+"""The run's trainer from `[trainer]`, `[algo]`, `[critic]` and `[lora]`: a `PolicyTrainer`
+in this process at ``world_size = 1``, else a `DistributedTrainer` over spawned, launched
+(torchrun, mpirun) or Ray ranks. With ``[lora]`` the policy gets peft's adapters first
+(`build_lora`; world size 1, text models)."""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 import torch
 
 from temper.builder.model import RunModel
 from temper.config import Config
+from temper.config.lora import LoraConfig
 from temper.devices import resolve_device
 from temper.errors import ConfigError
 from temper.models import load_model
@@ -17,6 +21,9 @@ from temper.trainer.distributed import DistributedTrainer
 from temper.trainer.launch import check_world_size, detect_launch
 from temper.trainer.policy_trainer import PolicyTrainer
 from temper.vision.processor import pixel_source
+
+if TYPE_CHECKING:  # imports peft: only a run with [lora] loads it
+    from temper.trainer.lora import LoraAdapter
 
 
 def build_trainer(cfg: Config, policy: torch.nn.Module, model: RunModel, pad_id: int) -> Trainer:
@@ -32,6 +39,11 @@ def build_trainer(cfg: Config, policy: torch.nn.Module, model: RunModel, pad_id:
                 "other than 0 must run `temper train` (the CLI), which only trains there"
             )
         check_world_size(cfg.trainer.world_size, launch)
+        if cfg.lora.enabled:
+            raise ConfigError(
+                f"lora.rank under {launch.launcher}: LoRA trains in one process so far; run "
+                "`temper train` without a launcher"
+            )
         trainer_cfg = cfg.trainer.model_copy(update={"world_size": launch.world_size})
         if model.vision is not None or cfg.algo.advantage == "gae" or cfg.trainer.mode != "rl":
             raise ConfigError(
@@ -60,16 +72,36 @@ def build_trainer(cfg: Config, policy: torch.nn.Module, model: RunModel, pad_id:
         assert model.images is not None  # a training run keeps its images
         pixels = pixel_source(model.vision, model.images)
     critic = build_critic(cfg, policy, device) if cfg.algo.advantage == "gae" else None
+    trainer_cfg, adapter = cfg.trainer, None
+    if cfg.lora.enabled:
+        if model.vision is not None:
+            raise ConfigError(
+                "lora.rank trains text models only so far: a vision-language model's tower "
+                "has linear layers of the same names, and the engines' image encoder takes "
+                "no adapter updates; remove [lora] or use a text model"
+            )
+        adapter = build_lora(cfg.lora, policy)
+        # The critic (built above) keeps the full fine-tuning rate.
+        trainer_cfg = cfg.trainer.model_copy(update={"lr": cfg.trainer.lr * cfg.lora.lr_multiplier})
     return PolicyTrainer(
         policy,
-        cfg.trainer,
+        trainer_cfg,
         cfg.algo,
         steps,
         pad_id=pad_id,
         ref_model=ref,
         pixels=pixels,
         critic=critic,
+        adapter=adapter,
     )
+
+
+def build_lora(lora: LoraConfig, policy: torch.nn.Module) -> LoraAdapter:
+    """``[lora]``'s adapters injected into ``policy`` in place (its target modules
+    checked against the model's linear layers first; `ConfigError` on a bad one)."""
+    from temper.trainer.lora import LoraAdapter  # imports peft
+
+    return LoraAdapter.wrap(policy, lora)
 
 
 def build_critic(cfg: Config, policy: torch.nn.Module, device: torch.device) -> Critic:

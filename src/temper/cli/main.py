@@ -1,5 +1,5 @@
-"""The `temper` command: train, eval, generate, report, replay, inspect, compare, dash,
-serve, serve-rm.
+"""The `temper` command: train, eval, generate, export, report, replay, inspect, compare,
+dash, serve, serve-rm.
 
 Config overrides are dotted flags (`--trainer.lr=3e-4`, `--run.name demo2`).
 A user error (TemperError) prints one line `temper: error: ...` and exits 2
@@ -18,7 +18,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from temper.cli import env_serve
+from temper.cli import env_serve, export
 from temper.cli.overrides import join_override_values, split_overrides
 from temper.cli.train import cmd_train
 from temper.errors import ConfigError, TemperError
@@ -218,6 +218,7 @@ def _add_run_parsers(sub: Any) -> None:
     g.add_argument("--max-new-tokens", type=int, default=64, help="length limit of each")
     g.add_argument("--seed", type=int, default=None, help="sampling seed (default: random)")
     _add_verbose_flag(g)
+    export.add_parser(sub)
 
 
 def _add_run_dir_parsers(sub: Any) -> None:
@@ -436,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
             from temper.cli.eval import cmd_generate
 
             return cmd_generate(args, overrides)
+        if args.command == "export":
+            return export.cmd_export(args)
         if args.command == "replay":
             return cmd_replay(args)
         if args.command == "inspect":

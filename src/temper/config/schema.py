@@ -18,6 +18,7 @@ from temper.config.critic import CriticConfig, check_critic
 from temper.config.engine import EngineConfig, NativeEngineConfig
 from temper.config.env import EnvConfig
 from temper.config.health import HealthConfig
+from temper.config.lora import LoraConfig, check_lora
 from temper.config.orchestrator import OrchestratorConfig
 from temper.config.reward import RewardConfig
 from temper.config.sampler import SamplerConfig
@@ -192,6 +193,7 @@ class Config(_Section):
     algo: AlgoConfig = Field(default_factory=AlgoConfig)
     critic: CriticConfig = Field(default_factory=CriticConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    lora: LoraConfig = Field(default_factory=LoraConfig)
     orchestrator: OrchestratorConfig = Field(default_factory=OrchestratorConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     log: LogConfig = Field(default_factory=LogConfig)
@@ -204,6 +206,7 @@ class Config(_Section):
     def _modes_fit(self) -> Config:
         check_self_improve(self)
         check_critic(self)
+        check_lora(self)
         if self.algo.credit == "turn" and not self.env.enabled:
             raise ValueError(
                 "algo.credit = 'turn' needs a multi-turn env (env.type); single-turn runs "

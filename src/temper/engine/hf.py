@@ -41,6 +41,7 @@ from temper.engine.sampling import row_processors, top_alternatives
 from temper.errors import TemperError
 from temper.vision.images import Image
 from temper.vision.processor import VisionProcessor
+from temper.weights.adapter import AdapterBase, is_adapter_update
 from temper.weights.transport import WeightTransport
 
 
@@ -69,6 +70,8 @@ class HFEngine(EngineDefaults):
         self.vocab_size = int(text_config.vocab_size)
         self._stop = StopChecker(tokenizer, self.max_context)
         self._lock = threading.Lock()
+        #: The base weights LoRA adapter updates merge into (`temper.weights.adapter`).
+        self._adapters = AdapterBase()
         self._closed = False
 
     async def generate(
@@ -88,18 +91,30 @@ class HFEngine(EngineDefaults):
         )
 
     def load_weights(self, transport: WeightTransport, version: int) -> None:
-        """Receive ``version``; ``load_state_dict(strict=False)`` on the compute thread."""
+        """Receive ``version``; ``load_state_dict(strict=False)`` on the compute thread.
+        A LoRA adapter update (`temper.weights.adapter`) is merged first."""
         state_dict, got = transport.receive(version)
         compute.run(self._load_weights, state_dict, got)
 
     def _load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         with self._lock, torch.no_grad():
+            if is_adapter_update(state_dict):  # merged: W = W0 + B @ A from a kept W0
+                state_dict = self._adapters.merged(state_dict, self._read)
+            else:
+                self._adapters.forget(state_dict)
             result = self.model.load_state_dict(dict(state_dict), strict=False)
             if result.unexpected_keys:
                 raise KeyError(
                     f"load_weights: unknown parameter name(s) {result.unexpected_keys[:5]}"
                 )
             self.version = int(version)
+
+    def _read(self, name: str) -> torch.Tensor:
+        """A copy of the model's weight ``name`` (the base an adapter merges into)."""
+        try:
+            return self.model.get_parameter(name).detach().clone()
+        except AttributeError:
+            raise KeyError(f"load_weights: unknown parameter name {name!r}") from None
 
     async def close(self) -> None:
         """Refuse new calls; a running call finishes on the compute thread."""

@@ -160,6 +160,10 @@ class LlamaFamilyModel:
     def parameter_names(self) -> list[str]:
         return self.weights.parameter_names()
 
+    def read(self, name: str) -> torch.Tensor:
+        """A copy of weight ``name`` in HF's layout (`LlamaWeights.read`)."""
+        return self.weights.read(name)
+
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> int:
         """Copy tensors (HF names) into the engine's weights in place (`LlamaWeights.load_state_dict`)."""
         return self.weights.load_state_dict(state_dict)

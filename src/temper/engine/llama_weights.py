@@ -184,6 +184,14 @@ class LlamaWeights:
     def parameter_names(self) -> list[str]:
         return list(self._views)
 
+    def read(self, name: str) -> torch.Tensor:
+        """A copy of HF tensor ``name`` as HF lays it out (undoing the fusion and the
+        rotary-pair order); `KeyError` for a name the engine does not hold."""
+        if name not in self._views:
+            raise KeyError(f"update_weights: unknown parameter name {name!r}")
+        # The view lines up element by element with the HF tensor reshaped to its shape.
+        return self._views[name][0].reshape(self._shapes[name]).clone()
+
     def load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> int:
         """Copy tensors (HF names) into the engine's weights in place; returns how many.
 

@@ -87,6 +87,7 @@ from temper.engine.worker import EngineStats, Step, StepResult, StepRunner
 from temper.errors import ModelLoadError, TemperError
 from temper.vision.images import Image
 from temper.vision.processor import VisionProcessor
+from temper.weights.adapter import AdapterBase, is_adapter_update
 from temper.weights.transport import WeightTransport
 
 __all__ = ["EngineStats", "NativeEngine"]
@@ -180,6 +181,7 @@ class NativeEngine(EngineDefaults):
         self.stats = EngineStats()
         self._stop = StopChecker(tokenizer, self.max_context)
         self._lock = threading.Lock()
+        self._adapters = AdapterBase()  # the base W0 that LoRA adapter updates merge into
         self._rng = torch.Generator()
         self._rng.manual_seed(seed if seed is not None else secrets.randbits(63))
         self._cache = compute.run(self._model.new_cache, max_slots)
@@ -302,8 +304,9 @@ class NativeEngine(EngineDefaults):
     def load_weights(self, transport: WeightTransport, version: int) -> None:
         """Receive ``version`` (HF names, a subset is fine) and copy it into the engine.
 
-        Blocks until the current step ends; tokens sampled afterwards record
-        ``version``.
+        A LoRA adapter update (`temper.weights.adapter`) is merged into the engine's
+        weights, ``W = W0 + B @ A`` from a kept copy of the base W0. Blocks until the
+        current step ends; tokens sampled afterwards record ``version``.
         """
         state_dict, got = transport.receive(version)
         self._events += 1  # the worker returns after its current step
@@ -311,6 +314,12 @@ class NativeEngine(EngineDefaults):
 
     def _load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         with self._lock:
+            if is_adapter_update(state_dict):
+                # Merged into the engine's own weights, so decoding costs what it did
+                # before (a LoRA-aware forward measured slower: docs/algorithms.md).
+                state_dict = self._adapters.merged(state_dict, self._model.read)
+            else:
+                self._adapters.forget(state_dict)
             if self._encoder is not None:
                 text, vision = split_vlm_state_dict(state_dict)
                 self._encoder.check_state_dict(vision)  # before any copy: all or nothing

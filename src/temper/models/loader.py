@@ -81,6 +81,11 @@ def model_config(path: str | Path) -> dict[str, Any]:
     with one that is not a JSON object, raises `ModelLoadError` (one line)."""
     directory = resolve_model_path(path)
     file = directory / "config.json"
+    if not file.is_file() and (directory / "adapter_config.json").is_file():
+        raise ModelLoadError(
+            f"model path {str(path)!r} holds a LoRA adapter, not a model: `temper export "
+            f"{path} OUT` writes the merged model to OUT"
+        )
     if not file.is_file():
         raise ModelLoadError(f"model path {str(path)!r} is not a model directory (no config.json)")
     try:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from temper import compute
-from temper.backends.base import RolloutBackend
+from temper.backends.base import RolloutBackend, publish_weights
 from temper.builder.backends import build_backend
 from temper.builder.model import load_run_model
 from temper.builder.rewards import check_reward_functions
@@ -97,7 +97,9 @@ class Orchestrator:
         self.start_step = 0
         resume = self.run_dir.resume_from
         torch.manual_seed(cfg.run.seed)
-        self.model = load_run_model(cfg, str(resume) if resume else None, images=True)
+        # A LoRA checkpoint holds the adapter, not a model: the run loads its base again.
+        weights = str(resume) if resume and not cfg.lora.enabled else None
+        self.model = load_run_model(cfg, weights, images=True)
         self.policy = load_model(self.model.weights, dtype=torch.float32)
         pad = self.model.tokenizer.pad_token_id
         # world_size > 1: FSDP2 ranks in child processes (temper.trainer.distributed).
@@ -224,7 +226,7 @@ class Orchestrator:
             save_checkpoint,
             self.run_dir.checkpoints,
             step,
-            self.policy,
+            t.saved_model(),  # the HF model, or with [lora] the adapter alone
             vision.processor if vision is not None else self.model.tokenizer,
             t.state_dict(),
             {
@@ -258,6 +260,8 @@ class Orchestrator:
         set_rng_state(rng)
         self.start_step = int(state["step"])
         self.backend.version = int(state["version"])
+        if self.trainer.abilities.adapter:  # the engines loaded the base: add the adapter
+            publish_weights(self.backend, self.trainer.engine_state_dict(), self.backend.version)
         truncate_jsonl_after_step(self.run_dir.metrics, self.start_step)
         truncate_jsonl_after_step(self.run_dir.events, self.start_step)
         self.run_dir.drop_after(self.start_step)

@@ -13,6 +13,7 @@ Inside: `batching.py` (token-budget micro-batches; distinct prompts once),
 world size > 1, resumable at any world size), `parallel.py` (the `(pp, dp_shard,
 tp)` mesh, tensor and sequence parallel plans), `vocab_parallel.py` (loss
 parallel), `pipeline.py` (pipeline stages), `expert_parallel.py` (MoE experts
-over ranks), `weight_stream.py` (rank 0 streams weights into shared memory).
+over ranks), `weight_stream.py` (rank 0 streams weights into shared memory),
+`lora.py` (``[lora]``: peft's adapters in the policy; imported only with LoRA).
 See docs/training.md and docs/scaling.md.
 """

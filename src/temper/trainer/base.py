@@ -25,10 +25,15 @@ class TrainerAbilities:
     ``undo``: `snapshot` and `restore` (a health check with action "skip" undoes
     an update). ``sharded_state``: `write_sharded_state` writes the model and
     optimizer shards of every rank (DCP) beside the checkpoint's HF weights.
+    ``adapter``: the trainer trains a LoRA adapter over frozen base weights
+    (``[lora]``): `engine_state_dict` is the adapter (`temper.weights.adapter`), a
+    checkpoint holds the adapter rather than an HF model, and a resumed run loads the
+    base from ``model.path`` and hands the engines the adapter again.
     """
 
     undo: bool = False
     sharded_state: bool = False
+    adapter: bool = False
 
 
 @runtime_checkable
@@ -45,7 +50,13 @@ class Trainer(Protocol):
         ...
 
     def engine_state_dict(self) -> dict[str, torch.Tensor]:
-        """The current weights, detached, for publishing to engines."""
+        """The current weights, detached, for publishing to engines (with
+        ``abilities.adapter``: the adapter only)."""
+        ...
+
+    def saved_model(self) -> Any:
+        """What a checkpoint's ``save_pretrained`` writes: the policy as an HF model, or
+        with ``abilities.adapter`` peft's model (the adapter files alone)."""
         ...
 
     def state_dict(self) -> dict[str, Any]:
@@ -76,6 +87,11 @@ class Trainer(Protocol):
 
 class TrainerDefaults:
     """The `Trainer` methods an implementation's abilities leave out."""
+
+    model: torch.nn.Module
+
+    def saved_model(self) -> Any:
+        return self.model
 
     def write_sharded_state(self, directory: Path) -> None:
         raise NotImplementedError(f"{type(self).__name__} writes no sharded state")

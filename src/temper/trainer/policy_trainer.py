@@ -17,6 +17,11 @@ mini-batches are the same.
 
 It does not generate, score or talk to the engine: the orchestrator does that.
 
+With ``[lora]`` the model it trains carries peft's LoRA layers (`temper.trainer.lora`,
+``adapter``): the optimizer holds only the adapters (the base weights are frozen),
+the learning rate is the builder's ``trainer.lr x lora.lr_multiplier``, and what it
+publishes, snapshots and checkpoints is the adapter alone.
+
 A few small methods (`_shard`, `_plan`, `_collate`, `_reduce_sums`,
 `_clip_grads`) are the seams a data-parallel trainer overrides
 (`temper.trainer.dist_worker`): which sequences this process trains on, how
@@ -31,7 +36,7 @@ import copy
 import math
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -65,6 +70,9 @@ from temper.trainer.packing import (
 )
 from temper.trainer.step_stats import accumulate_ratio_stats, rl_step_stats, sft_step_stats
 
+if TYPE_CHECKING:  # imports peft: only a run with [lora] loads it
+    from temper.trainer.lora import LoraAdapter
+
 
 class PolicyTrainer(TrainerDefaults):
     """Owns the trainable policy, its optimizer and (optionally) a frozen reference."""
@@ -81,8 +89,13 @@ class PolicyTrainer(TrainerDefaults):
         ref_model: torch.nn.Module | None = None,
         pixels: PixelSource | None = None,
         critic: Critic | None = None,
+        adapter: LoraAdapter | None = None,
     ) -> None:
         self.model = model
+        #: ``[lora]``: the adapters peft put into ``model`` (its only trainable weights).
+        self.adapter = adapter
+        if adapter is not None:
+            self.abilities = TrainerAbilities(undo=True, adapter=True)
         #: PPO's value function (``algo.advantage = "gae"``), else None.
         self.critic = critic
         #: Image inputs by hash, for trajectories that hold images (VLMs).
@@ -400,20 +413,29 @@ class PolicyTrainer(TrainerDefaults):
         return loss
 
     def engine_state_dict(self) -> dict[str, torch.Tensor]:
-        """Current weights, detached, for publishing to engines."""
+        """Current weights, detached, for publishing to engines; with ``[lora]`` the
+        adapter alone (`temper.weights.adapter`)."""
+        if self.adapter is not None:
+            return self.adapter.update()
         return {k: v.detach() for k, v in self.model.state_dict().items()}
 
+    def saved_model(self) -> Any:
+        """The HF model, or with ``[lora]`` peft's (a checkpoint then holds the adapter)."""
+        return self.model if self.adapter is None else self.adapter.peft_model
+
     def snapshot(self) -> dict:
-        """A copy of the weights and optimizer/scheduler state, for `restore` (a skipped step)."""
+        """A copy of the weights and optimizer/scheduler state, for `restore` (a skipped
+        step); with ``[lora]`` only the adapters' weights (the rest never changes)."""
+        weights = self.model.state_dict() if self.adapter is None else self.adapter.trainable()
         return {
-            "model": {k: v.detach().clone() for k, v in self.model.state_dict().items()},
+            "model": {k: v.detach().clone() for k, v in weights.items()},
             "trainer": copy.deepcopy(self.state_dict()),
         }
 
     def restore(self, snapshot: dict) -> None:
         """Undo everything since `snapshot`: weights, optimizer and scheduler state."""
         with torch.no_grad():
-            self.model.load_state_dict(snapshot["model"])
+            self.model.load_state_dict(snapshot["model"], strict=self.adapter is None)
         self.load_state_dict(snapshot["trainer"])
 
     def state_dict(self) -> dict:
@@ -425,7 +447,10 @@ class PolicyTrainer(TrainerDefaults):
     def load_checkpoint(self, ckpt: Path, trainer_state: dict[str, Any]) -> None:
         """Restore from checkpoint ``ckpt``: a DCP checkpoint (written by sharded ranks of
         any world size) through `load_dcp_unsharded`, a plain one through `load_state_dict`
-        (the HF weights were loaded with the model)."""
+        (the HF weights were loaded with the model; with ``[lora]`` the adapter is read
+        from the checkpoint here, over the base weights the model was loaded with)."""
+        if self.adapter is not None:
+            self.adapter.load(ckpt)
         if trainer_state.get("format") == "dcp":
             load_dcp_unsharded(self.model, self.optimizer, ckpt / DCP_DIR)
             self.scheduler.load_state_dict(trainer_state["scheduler"])

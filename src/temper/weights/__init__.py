@@ -5,7 +5,9 @@
 a run's engines are, and says which transports are library-only. The
 transports: in-process and shared-memory file (`transport.py`), shared-memory
 ring (`shm_ring.py`), safetensors files (`safetensors_file.py`),
-`torch.distributed` broadcast (`broadcast.py`). See docs/weights.md.
+`torch.distributed` broadcast (`broadcast.py`). `adapter.py` is what a LoRA update
+is as a state dict (two small tensors per adapted layer) and how an engine merges it
+into its kept base weights. See docs/weights.md.
 """
 
 from temper.weights.broadcast import BroadcastTransport
