@@ -93,7 +93,9 @@ def test_the_agent_gives_the_reward(engine, tokenizer, fn, reward):
     ],
 )
 def test_a_bad_agent_fails_only_its_episode(engine, tokenizer, fn, finish, reason):
-    limits = EpisodeLimits(max_turns=4, timeout_s=1.0)
+    # Only the hanging agent meets the short limit: a cold first call on a loaded
+    # machine can take a second, and must not turn a raising agent into a timeout.
+    limits = EpisodeLimits(max_turns=4, timeout_s=1.0 if fn is A.hangs else 120.0)
     groups, _ = _groups(engine, tokenizer, FunctionAgent(fn, fn.__name__, "k"), limits)
     for t in (t for g in groups for t in g):
         assert t.finish_reason == finish and "\n" not in t.env_error
@@ -101,6 +103,28 @@ def test_a_bad_agent_fails_only_its_episode(engine, tokenizer, fn, finish, reaso
         assert math.isnan(t.reward)  # on_error = "drop": left out of training
     zeroed, _ = _groups(engine, tokenizer, FunctionAgent(fn, "f", "k"), limits, on_error="zero")
     assert {t.reward for g in zeroed for t in g} == {0.0}
+
+
+def test_an_eval_of_a_failing_agent_says_why_its_accuracy_is_zero(engine, tokenizer):
+    from temper.eval.harness import evaluate
+    from temper.orchestrator.loop import _eval_line
+
+    async def go() -> Any:
+        source = AgentRollouts(
+            engine, tokenizer, FunctionAgent(A.raises, "raises", "k"),
+            EpisodeLimits(max_turns=4, timeout_s=60), build_reward(RewardConfig(), tokenizer),
+        )  # fmt: skip
+        try:
+            return await evaluate(source, _tasks(), k=2, max_new_tokens=16)
+        finally:
+            await source.close()
+
+    result = asyncio.run(go())
+    assert result["accuracy"] == 0.0
+    assert result["episode_errors"] == result["episodes"] == 2 + 2 * 2  # greedy, then k=2
+    assert result["first_episode_error"] == "agent raised KeyError: 'tool_result'"
+    line = _eval_line(0, result)
+    assert "(6 of 6 episodes ended in an error; the first: agent raised KeyError" in line
 
 
 class SlowEngine:

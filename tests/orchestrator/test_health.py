@@ -211,3 +211,13 @@ def test_infra_errors_stop_the_run_only_when_most_episodes_fail():
     assert (alert.kind, alert.action, alert.value) == ("infra_errors", "stop", 0.75)
     assert "12 of 16 episodes failed for the infrastructure" in alert.message
     assert mon.check(3, {"reward_mean": 0.5}) == []  # a run without env episodes
+
+
+def test_episode_errors_stop_the_run_only_when_most_episodes_fail():
+    mon = HealthMonitor(HealthConfig())
+    base = {"groups_kept": 2, "groups_dropped": 0, "samples": 16, "reward_errors": 0, "loss": 0.1}
+    assert mon.check_learning(1, {**base, "env/episodes": 16.0, "env/env_errors": 3.0}) == []
+    alerts = mon.check_learning(2, {**base, "env/episodes": 16.0, "env/env_errors": 16.0})
+    assert [(a.kind, a.action, a.value) for a in alerts] == [("episode_errors", "stop", 1.0)]
+    assert "16 of 16 episodes ended in an error of their own" in alerts[0].message
+    assert mon.check_learning(3, base) == []  # a run without episodes

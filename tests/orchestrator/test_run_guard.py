@@ -10,8 +10,8 @@ from temper.config import load_config
 from temper.errors import ConfigError
 from temper.orchestrator.run_dir import RunDir
 from temper.orchestrator.run_guard import (
+    ErrorReport,
     InterruptFlag,
-    RewardErrorReport,
     check_can_learn,
     error_kind,
     resume_message,
@@ -36,7 +36,7 @@ def test_error_kinds_ignore_exception_messages_and_numbers():
 
 
 def test_each_kind_is_reported_once_and_all_are_counted():
-    report = RewardErrorReport()
+    report = ErrorReport()
     first = report.see(1, [_traj(None), _traj("f: raised KeyError: 'a'", "t1"),
                            _traj("f: raised KeyError: 'b'"), _traj("f: returned nan")])  # fmt: skip
     assert [(e["sample"], e["task_id"]) for e in first] == [(1, "t1"), (3, "t")]
@@ -44,6 +44,24 @@ def test_each_kind_is_reported_once_and_all_are_counted():
     assert report.see(2, [_traj("f: raised KeyError: 'c'")]) == []  # seen kind: counted only
     assert sum(report.counts.values()) == 4
     assert report.summary().startswith("reward errors: 4 in this run: 3 x f: raised KeyError")
+
+
+def test_episode_errors_are_reported_once_per_kind_and_infra_failures_are_not():
+    def episode(error: str | None, finish: str = "agent_error") -> Trajectory:
+        traj = _traj(None, "t9")
+        traj.env_error, traj.finish_reason = error, finish
+        return traj
+
+    report = ErrorReport(episodes=True)
+    trajs = [episode(None, "stop"), episode("env server lost", "infra_error"),
+             episode("agent returned 'yes' (str), not a number or None"),
+             episode("agent returned 'yes' (str), not a number or None")]  # fmt: skip
+    [event] = report.see(3, trajs)
+    assert event["kind"] == "episode_error" and event["sample"] == 2
+    line = report.line(event)
+    assert line.startswith("episode error at step 3, sample 2 (task t9): agent returned 'yes'")
+    assert "env/env_errors" in line
+    assert sum(report.counts.values()) == 2  # the infrastructure's failure is not counted
 
 
 def test_group_size_one_is_refused_unless_nothing_trains():

@@ -57,6 +57,13 @@ class HealthConfig(BaseModel):
     reward_errors: HealthCheck = _check(
         0.5, "stop", "The share of a step's samples whose reward failed above the threshold."
     )
+    episode_errors: HealthCheck = _check(
+        0.5,
+        "stop",
+        "The share of a step's episodes that ended in an error of their own above the "
+        "threshold: the env or the agent raised, hung or returned a bad reward (each kind "
+        "is printed once).",
+    )
     infra_errors: HealthCheck = _check(
         0.5,
         "stop",

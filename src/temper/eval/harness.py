@@ -105,6 +105,12 @@ async def evaluate(
         for cat, gs in cat_groups.items():
             by_cat[cat].update(_summarise(gs, k, gold))
             by_cat[cat]["n"] = len(gs)
+    # An eval whose episodes all failed reads as accuracy 0; the count says why.
+    errors = [t.env_error for t in seen if t.env_error]
+    if errors:
+        result["episode_errors"] = len(errors)
+        result["episodes"] = len(seen)
+        result["first_episode_error"] = errors[0]
     rule = correct_rule(seen)
     if rule is not None:
         result["correct_rule"] = rule

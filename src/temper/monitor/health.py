@@ -37,6 +37,10 @@ reason and a non-zero exit code instead of "succeeding" while training nothing):
 
 - ``reward_errors``: the share of a step's samples whose reward failed (the
   reward raised, or gave NaN, inf, None or a non-number) above ``threshold``.
+- ``episode_errors``: the share of a step's episodes that ended in an error of
+  their own (``env/env_errors``: the env or the agent raised, hung or returned a
+  bad reward; not the infrastructure's, which ``infra_errors`` counts) above
+  ``threshold``.
 - ``all_groups_dropped``: every group of the step was dropped (each sample of
   a group got the same reward, or too few samples were left) for ``threshold``
   steps in a row, or in every step of a run shorter than that.
@@ -179,6 +183,11 @@ class HealthMonitor:
             self._fire(out, step, "reward_errors", errors / samples,
                        f"the reward failed on {errors:g} of {samples:g} samples "
                        f"(> {c.reward_errors.threshold:.0%}); see the reward errors above")  # fmt: skip
+        episodes, failed = m.get("env/episodes", 0), m.get("env/env_errors", 0)
+        if episodes and failed / episodes > c.episode_errors.threshold:
+            self._fire(out, step, "episode_errors", failed / episodes,
+                       f"{failed:g} of {episodes:g} episodes ended in an error of their own "
+                       f"(> {c.episode_errors.threshold:.0%}); see the episode errors above")  # fmt: skip
         groups = m.get("groups_kept", 0) + m.get("groups_dropped", 0)
         all_dropped = bool(groups) and m.get("groups_kept", 0) == 0
         self._dropped_streak = self._dropped_streak + 1 if all_dropped else 0

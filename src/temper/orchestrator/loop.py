@@ -441,6 +441,11 @@ def _eval_line(step: int, result: dict[str, Any]) -> str:
             parts.append(f"{key} {result[key]:.3f}")
     if result.get("correct_rule") == CORRECT_RULES["default"]:
         parts.append("(correct: reward >= 1; no reward component declares correctness)")
+    if result.get("episode_errors"):
+        parts.append(
+            f"({result['episode_errors']} of {result['episodes']} episodes ended in an "
+            f"error; the first: {result['first_episode_error']})"
+        )
     return "  ".join(parts)
 
 

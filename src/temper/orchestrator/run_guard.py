@@ -3,13 +3,14 @@
 - `check_can_learn`: refuse at start a config that cannot produce a single
   update (a group-baseline advantage with groups of one), or an advantage
   estimator turn-level credit has no per-turn form of.
-- `RewardErrorReport`: print each kind of reward error once, with its sample,
-  and count them all.
+- `ErrorReport`: print each kind of reward error, and of an episode's own error
+  (an env or agent that raised, hung or returned a bad value), once, with its
+  sample, and count them all.
 - `InterruptFlag`: the first Ctrl-C asks the run to stop after the current
   step (and write a checkpoint); a second one stops at once.
 
 The orchestrator calls these; the learning health checks themselves
-(`no_update`, `reward_errors`, `all_groups_dropped`) are in
+(`no_update`, `reward_errors`, `episode_errors`, `all_groups_dropped`) are in
 `temper.monitor.health`.
 """
 
@@ -68,34 +69,45 @@ def error_kind(error: str) -> str:
     return re.sub(r"\d+", "N", kind)
 
 
-class RewardErrorReport:
-    """Prints the first reward error of each kind and counts them all."""
+class ErrorReport:
+    """Prints the first error of each kind and counts them all: reward errors
+    (`Trajectory.reward_error`), or with ``episodes=True`` the episodes' own errors
+    (`Trajectory.env_error`: the env or the agent raised, hung or returned a bad
+    value; infrastructure failures have a check of their own)."""
 
-    def __init__(self) -> None:
+    def __init__(self, episodes: bool = False) -> None:
+        self.episodes = episodes
+        self.label = "episode error" if episodes else "reward error"
+        self.metric = "env/env_errors" if episodes else "reward_errors"
         self.counts: Counter[str] = Counter()
 
+    def _error(self, traj: Trajectory) -> str | None:
+        if not self.episodes:
+            return traj.reward_error
+        return None if traj.finish_reason == "infra_error" else traj.env_error
+
     def see(self, step: int, trajs: list[Trajectory]) -> list[dict[str, Any]]:
-        """Count ``trajs``' reward errors; return an event for each kind seen for the first time.
+        """Count ``trajs``' errors; return an event for each kind seen for the first time.
 
         ``sample`` is the trajectory's index in the step's batch.
         """
         first: list[dict[str, Any]] = []
         for index, traj in enumerate(trajs):
-            if traj.reward_error is None:
+            error = self._error(traj)
+            if error is None:
                 continue
-            kind = error_kind(traj.reward_error)
+            kind = error_kind(error)
             if kind not in self.counts:
-                first.append({"step": step, "kind": "reward_error", "sample": index,
-                              "task_id": traj.task_id, "error": traj.reward_error})  # fmt: skip
+                first.append({"step": step, "kind": self.label.replace(" ", "_"),
+                              "sample": index, "task_id": traj.task_id, "error": error})  # fmt: skip
             self.counts[kind] += 1
         return first
 
-    @staticmethod
-    def line(event: dict[str, Any]) -> str:
+    def line(self, event: dict[str, Any]) -> str:
         return (
-            f"reward error at step {event['step']}, sample {event['sample']} "
+            f"{self.label} at step {event['step']}, sample {event['sample']} "
             f"(task {event['task_id']}): {event['error']} "
-            "[shown once; every error is counted in metrics.jsonl reward_errors]"
+            f"[shown once; every error is counted in metrics.jsonl {self.metric}]"
         )
 
     def summary(self) -> str | None:
@@ -103,7 +115,7 @@ class RewardErrorReport:
             return None
         kinds = "; ".join(f"{n} x {kind}" for kind, n in self.counts.most_common(3))
         more = f" (+{len(self.counts) - 3} more kinds)" if len(self.counts) > 3 else ""
-        return f"reward errors: {sum(self.counts.values())} in this run: {kinds}{more}"
+        return f"{self.label}s: {sum(self.counts.values())} in this run: {kinds}{more}"
 
 
 def say(progress: RunProgress, message: str) -> None:
@@ -158,7 +170,7 @@ class RunGuard:
 
     def __init__(self, cfg: Config, health: HealthMonitor, events: JsonlSink) -> None:
         self.cfg, self.health, self.events = cfg, health, events
-        self.reward_errors = RewardErrorReport()
+        self.reports = (ErrorReport(), ErrorReport(episodes=True))
         self.interrupt = InterruptFlag()
         self.stop_reason: str | None = None
         self.interrupted_at: int | None = None
@@ -176,11 +188,13 @@ class RunGuard:
     def after_step(
         self, step: int, m: dict[str, Any], trajs: list[Trajectory], progress: RunProgress
     ) -> list[Alert]:
-        """Report new kinds of reward errors; return the learning checks' alerts."""
+        """Report new kinds of reward and episode errors; return the learning checks'
+        alerts."""
         TRAINER_STATE.global_step = step  # steps completed: what the next scoring sees
-        for event in self.reward_errors.see(step, trajs):
-            self.events.write(event)
-            say(progress, self.reward_errors.line(event))
+        for report in self.reports:
+            for event in report.see(step, trajs):
+                self.events.write(event)
+                say(progress, report.line(event))
         trains = self.cfg.orchestrator.mode != "rollout_only"
         last = step == self.cfg.orchestrator.steps
         return self.health.check_learning(step, m, last=last, trains=trains)
@@ -191,9 +205,10 @@ class RunGuard:
         )
 
     def finish(self, progress: RunProgress) -> None:
-        summary = self.reward_errors.summary()
-        if summary:
-            say(progress, summary)
+        for report in self.reports:
+            summary = report.summary()
+            if summary:
+                say(progress, summary)
 
 
 def resume_message(run_dir: RunDir, start_step: int, cfg: Config) -> str | None:

@@ -30,6 +30,7 @@ _KIND_LEVEL = {
     "stopped_by_health_check": "error",
     "reward_errors": "warning",
     "reward_error": "warning",
+    "episode_error": "warning",
     "resumed": "info",
     "time_budget_reached": "info",
     "profile": "info",
