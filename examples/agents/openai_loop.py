@@ -2,8 +2,9 @@
 
 The agent is ordinary code: it sends the question with its tools, runs the tool
 calls the model makes, sends the results back (an error message for a malformed
-call, as the env sends), and stops at the first reply without a tool call. Temper gives it a client whose ``base_url`` is the
-episode's gateway session; nothing else about it knows it is being trained.
+call, as the env sends), and stops at the first reply without a tool call. Temper
+gives it a client whose ``base_url`` is the episode's gateway session; nothing else
+about it knows it is being trained.
 
 The tools are the tool-use env's own implementations (calculator, price lookup,
 python in the sandbox), so a run of this agent compares like for like with
@@ -13,6 +14,7 @@ final answer. Run it: ``temper train configs/agent_tool_use.toml``.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from openai import AsyncOpenAI
@@ -68,8 +70,6 @@ async def agent(client: AsyncOpenAI, task: Task) -> float | None:
 
 
 async def _run_tool(tools: dict[str, Any], name: str, arguments: str) -> str:
-    import json
-
     from temper.envs.tools import format_result
 
     if name not in tools:
