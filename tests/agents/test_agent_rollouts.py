@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -186,31 +185,29 @@ def test_a_command_agent_runs_per_episode(engine, tokenizer, tmp_path):
     assert {t.env_error for g in groups for t in g} == {"agent exited 1: no tools here"}
 
 
-def _train(tmp_path: Path, *overrides: str) -> subprocess.CompletedProcess[str]:
-    cmd = [
-        sys.executable, "-m", "temper", "train", "--run.name=agent", f"--run.output_dir={tmp_path}",
-        "--orchestrator.steps=2", "--orchestrator.prompts_per_step=4", "--orchestrator.group_size=4",
-        "--orchestrator.max_response_tokens=24", "--eval.every=0", "--eval.size=8",
-        "--health.all_groups_dropped.enabled=false",
-        "--orchestrator.drop_zero_variance_groups=false", *overrides,
-    ]  # fmt: skip
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-
-
 @pytest.mark.parametrize("backend", ["local", "process"])
 def test_an_agent_trains_through_temper_train(tmp_path, backend):
     """In the run's process, and in a rollout worker process (its own engine and
-    gateway, the agent imported there by name)."""
-    proc = _train(
-        tmp_path,
+    gateway, the agent imported there by name). In this process, as the other run
+    tests do: a subprocess would pay for torch's import again."""
+    from temper.cli.main import main
+
+    code = main([
+        "train", "--run.name=agent", f"--run.output_dir={tmp_path}",
+        "--orchestrator.steps=2", "--orchestrator.prompts_per_step=4", "--orchestrator.group_size=4",
+        "--orchestrator.max_response_tokens=24", "--eval.at_start=false", "--eval.every=0",
+        "--eval.size=8", "--health.all_groups_dropped.enabled=false",
+        "--orchestrator.drop_zero_variance_groups=false",
         "--agent.function=tests.agents.agents_for_tests:answers",
         f"--orchestrator.backend={backend}",
-    )
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    ])  # fmt: skip
+    assert code == 0
     rows = [json.loads(line) for line in (tmp_path / "agent" / "metrics.jsonl").open()]
     steps = [r for r in rows if "loss" in r]
     assert len(steps) == 2
     assert all(r["env/agent_calls"] == 32 for r in steps)  # 16 episodes of 2 calls
+    final = json.loads((tmp_path / "agent" / "eval" / "step_000002.json").read_text())
+    assert final["n_tasks"] == 8 and "episode_errors" not in final  # through the agent
 
 
 def test_a_bad_agent_setting_is_one_line_exit_2(tmp_path, capsys):
