@@ -128,7 +128,7 @@ def test_pathological_turns_parse_in_linear_time(text: str, expected: object) ->
     start = time.thread_time()
     assert _parse(text) == expected
     elapsed = time.thread_time() - start
-    assert elapsed < 0.5, f"{elapsed:.2f} s"
+    assert elapsed < 0.1, f"{elapsed:.3f} s"  # the slowest case takes about 25 ms
     tracemalloc.start()  # a second run, as tracing slows the first one's clock
     try:
         _parse(text)

@@ -14,6 +14,7 @@ from scripted_engine import ScriptedEngine
 from temper.engine.base import SamplingParams
 from temper.envs import AssistantTurn, ToolEnv, execute_tool_calls, parse_tool_calls
 from temper.models import load_tokenizer
+from temper.models.tool_calls import MAX_CALL_CHARS, MAX_CALLS
 from temper.records import Task
 from temper.rewards.base import RewardInput
 from temper.rewards.tool_call_ast import ToolCallASTReward, check_tool_calls, extract_tool_calls
@@ -185,3 +186,29 @@ def test_property_well_formed_calls_round_trip(name: str, arguments: dict) -> No
         assert errors and not calls
     else:
         assert errors == [] and calls[0].name == name and calls[0].arguments == arguments
+
+
+LONG_TURNS = {  # each took 0.1 to 0.3 s, or gave 100,000 errors, before the caps
+    "100k-open-tags": ("<tool_call>" * 100_000, (0, MAX_CALLS + 1, "too_many")),
+    "10MB-of-braces-in-a-block": ("<tool_call>" + "{" * 10_000_000, (0, 1, "too_long")),
+    "10MB-closed-block": (block("[" * 10_000_000), (0, 1, "too_long")),
+    "1M-open-objects": ("<tool_call>" + '{\n"' * 1_000_000, (0, 1, "too_long")),
+    "16k-newlines": ("<tool_call>\n```" + "\n" * 16_000, (0, 1, "unclosed")),
+    "1000-calls": (
+        "".join(block(json.dumps({"name": "add", "arguments": {"a": i}})) for i in range(1000)),
+        (MAX_CALLS, 1, "too_many"),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LONG_TURNS))
+def test_long_turns_parse_in_bounded_time_and_errors(name: str) -> None:
+    import time
+
+    text, (n_calls, n_errors, last_kind) = LONG_TURNS[name]
+    start = time.thread_time()  # this thread's CPU time: a loaded machine barely moves it
+    calls, errors = parse_tool_calls(text)
+    elapsed = time.thread_time() - start
+    assert (len(calls), len(errors), errors[-1].kind) == (n_calls, n_errors, last_kind)
+    assert all(len(e.message) < 200 and len(e.raw) <= MAX_CALL_CHARS for e in errors)
+    assert elapsed < 0.1, f"{elapsed:.3f} s"

@@ -10,7 +10,9 @@ read. ``n: "2"`` and its kind are 400s naming the field.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
+import stat
 import threading
 import time
 
@@ -45,6 +47,8 @@ def host(tmp_path_factory):
     _png(allowed / "pic.png", "blue")
     os.mkfifo(allowed / "pipe.png")
     os.symlink(root / "host.png", allowed / "out.png")
+    with contextlib.suppress(PermissionError):  # /dev/zero's own node (needs root)
+        os.mknod(allowed / "zero.png", stat.S_IFCHR | 0o666, os.makedev(1, 5))
     return root
 
 
@@ -112,13 +116,31 @@ def test_host_paths_are_refused_alike_whether_they_exist_or_not(server, host, re
     assert str(host) not in message and "passwd" not in message and "exist" not in message
 
 
+def _unreadable(kind: str, server: str, host) -> str:
+    """An image name that would hang or flood a server that read it."""
+    inside = host / ("allowed" if server == "folder" else "")
+    if kind == "zero" and server == "folder" and not (inside / "zero.png").exists():
+        pytest.skip("mknod needs root")
+    return {
+        "fifo": str(inside / "pipe.png"),
+        "fifo_url": f"file://{inside / 'pipe.png'}",
+        "dev_zero": "/dev/zero",
+        "zero": str(inside / "zero.png") if server == "folder" else "file:///dev/zero",
+        "path": str(host / "host.png"),
+    }[kind]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "fifo_url", "dev_zero", "zero", "path"])
 @pytest.mark.parametrize("server", ["plain", "folder"])
-def test_a_fifo_is_refused_promptly_while_health_answers(server, host, request):
+def test_what_would_hang_or_flood_is_refused_while_health_answers(server, kind, host, request):
+    """A FIFO (as a path and a file: URL), /dev/zero (and, for the folder server, a
+    character device inside its folder) and a host path: each a 400, while /health
+    answers. The deadline is generous: the failures it guards against are a server
+    that never answers, or one that reads gigabytes."""
     handle = request.getfixturevalue(server)
-    # host/allowed/pipe.png lies inside the folder server's allowed folder.
-    fifo = str(host / ("allowed" if server == "folder" else "") / "pipe.png")
+    image = _unreadable(kind, server, host)
     replies: list[httpx.Response] = []
-    sender = threading.Thread(target=lambda: replies.append(_chat(handle.url, fifo, timeout=20)))
+    sender = threading.Thread(target=lambda: replies.append(_chat(handle.url, image, timeout=20)))
     t0 = time.monotonic()
     sender.start()
     health = httpx.get(f"{handle.url}/health", timeout=5)

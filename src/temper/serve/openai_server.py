@@ -31,7 +31,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -54,7 +53,7 @@ from temper.engine.base import (
 from temper.engine.structured import json_output, tool_call_output
 from temper.errors import PromptTooLongError, TemperError
 from temper.models.loader import longest_token_chars
-from temper.models.tool_calls import parse_tool_calls
+from temper.models.tool_calls import parse_tool_calls, tool_call_blocks
 from temper.serve import protocol as P
 from temper.serve.grammar import Grammars
 from temper.serve.limits import CLOSE, BodyError, HTTPLimits, read_body
@@ -64,9 +63,6 @@ from temper.vision.images import Image, ImageError, UntrustedImages
 from temper.vision.prompting import PromptImages
 
 log = logging.getLogger(__name__)
-
-# Mirrors the block regex of `parse_tool_calls`, so block i here is block i there.
-_TOOL_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|(?=<tool_call>)|\Z)", re.DOTALL)
 
 
 class OpenAIServer:
@@ -278,8 +274,10 @@ class OpenAIServer:
             return message, finish
         parsed = {c.index for c in calls}
         # Malformed blocks stay in the content so the client can see them.
-        kept = [m.group(0) for i, m in enumerate(_TOOL_BLOCK.finditer(text)) if i not in parsed]
-        rest = _TOOL_BLOCK.sub("", text).strip()
+        blocks = list(tool_call_blocks(text))
+        kept = [text[b.start : b.end] for i, b in enumerate(blocks) if i not in parsed]
+        starts, ends = [0, *(b.end for b in blocks)], [*(b.start for b in blocks), len(text)]
+        rest = "".join(text[a:b] for a, b in zip(starts, ends, strict=True)).strip()
         content = "\n".join([rest, *kept] if rest else kept).strip()
         message["content"] = content or None
         message["tool_calls"] = [
