@@ -14,7 +14,7 @@ import pytest
 
 from temper.sandbox import Sandbox
 
-from .conftest import CONFIG, bwrap_problem, marker, wait_gone
+from .conftest import CONFIG, bwrap_problem, host_pids_with, marker, wait_gone
 
 
 def test_fork_bomb_is_contained(box):
@@ -128,12 +128,16 @@ def test_process_limit_is_per_sandbox():
     of processes does not make fork fail in another one."""
     if bwrap_problem():
         pytest.skip(bwrap_problem())
-    sandbox = Sandbox(CONFIG.model_copy(update={"timeout_s": 5}))
+    sandbox = Sandbox(CONFIG.model_copy(update={"timeout_s": 30}))
     with ThreadPoolExecutor(1) as pool:
         crowded = pool.submit(
-            sandbox.run, ["sh", "-c", "for i in $(seq 25); do sleep 1.5 & done; echo up; wait"]
+            sandbox.run, ["sh", "-c", "for i in $(seq 25); do sleep 3.017 & done; echo up; wait"]
         )
-        time.sleep(0.5)  # let the first sandbox fill up to ~27 of its 32 processes
+        # The first sandbox fills up to ~27 of its 32 processes before the second starts.
+        deadline = time.monotonic() + 30
+        while len(host_pids_with("3.017\0")) < 25:  # the sleeps: "sleep\03.017\0"
+            assert time.monotonic() < deadline, "the first sandbox never filled up"
+            time.sleep(0.02)
         other = sandbox.run(["sh", "-c", "for i in $(seq 12); do sleep 0.1 & done; wait; echo ok"])
         assert other.ok and other.stdout == "ok\n", other
         assert crowded.result().stdout == "up\n"
