@@ -1,6 +1,7 @@
-"""SFT and RFT runs SIGKILLed after a checkpoint and resumed log the same metrics as
-uninterrupted runs with the same seed: the SFT data position, the RFT round (the step),
-the task sampler and the RNG all come back from the checkpoint."""
+"""SFT, RFT and DPO runs SIGKILLed after a checkpoint and resumed log the same metrics as
+uninterrupted runs with the same seed: the SFT and DPO data positions, DPO's reference
+logprobs (of the starting policy, which the resumed run no longer has), the RFT round (the
+step), the task sampler and the RNG all come back from the checkpoint."""
 
 import json
 
@@ -29,7 +30,11 @@ MODES = {
     # 10 conversations, 4 a step: step 3 crosses an epoch boundary of the data.
     "sft": ["--trainer.mode=sft", "--sft.size=10"],
     "rft": ["--trainer.mode=rft", "--rft.max_per_prompt=2", "--sampler.type=targeted"],
+    # 10 pairs, 4 a step, packed: the same epoch boundary.
+    "dpo": ["--trainer.mode=dpo", "--dpo.size=10", "--dpo.eval_size=8"],
 }
+#: A metric each mode's steps log, to see that they ran.
+OWN_KEY = {"sft": "nll_per_token", "rft": "rft/kept_frac", "dpo": "dpo/margin"}
 VOLATILE = ("time_", "train_tokens_per_s", "peak_rss")
 
 
@@ -41,8 +46,7 @@ def test_sigkill_and_resume_matches_uninterrupted(tmp_path, mode):
     full = step_metrics(tmp_path / "full" / "metrics.jsonl", VOLATILE)
     again = step_metrics(tmp_path / "killed" / "metrics.jsonl", VOLATILE)
     assert sorted(again) == [1, 2, 3]
-    key = "nll_per_token" if mode == "sft" else "rft/kept_frac"
-    assert key in full[3]
+    assert OWN_KEY[mode] in full[3]
     for step in (3,):
         assert again[step].keys() == full[step].keys()
         for name, value in full[step].items():

@@ -1,4 +1,5 @@
-"""RL math as pure tensor functions: advantages, log-probabilities, policy losses, KL."""
+"""RL math as pure tensor functions: advantages, log-probabilities, policy losses, KL;
+`preference.py`: DPO and IPO losses on sequence logprobs."""
 
 from temper.algos.advantages import (
     AdvantageName,

@@ -27,6 +27,7 @@ from temper.envs.service.messages import env_fingerprint
 from temper.errors import ConfigError, DataError
 from temper.records import Task, Trajectory
 from temper.targets import load_target
+from temper.trainer.preference import ResponsePair
 
 
 @dataclass
@@ -215,3 +216,41 @@ def build_sft_rows(cfg: Config, tokenizer: Any, max_context: int) -> list[Trajec
         convs = arithmetic_conversations(s.size, cfg.data.levels, cfg.run.seed)
     renderer = ConversationRenderer(tokenizer, cfg.data.system_prompt)
     return [renderer.render(c, max_context) for c in convs]
+
+
+def build_preference_pairs(
+    cfg: Config, tokenizer: Any, max_context: int
+) -> tuple[list[ResponsePair], list[ResponsePair]]:
+    """(training pairs, held-out pairs) of the `[dpo]` section (a file, or the tiny reward
+    model's synthetic pairs), rendered as chosen/rejected trajectories. All read and
+    rendered up front, so a bad row stops the run before it starts."""
+    from temper.data.conversations import ConversationRenderer
+    from temper.data.preference_rows import load_preference_rows, render_pair, tiny_rm_rows
+
+    d = cfg.dpo
+    if d.source == "file":
+        assert d.path is not None  # DPOConfig requires it
+        fields = (d.prompt_field, d.chosen_field, d.rejected_field)
+        train = load_preference_rows(d.path, *fields)
+        if d.eval_path:
+            heldout = load_preference_rows(d.eval_path, *fields)[: d.eval_size]
+        else:
+            order = list(range(len(train)))
+            random.Random(cfg.run.seed).shuffle(order)
+            n_eval = min(d.eval_size, len(train) // 5)
+            if n_eval == 0:
+                raise DataError(
+                    f"dataset {d.path} has {len(train)} pairs: too few to split off held-out "
+                    "pairs; set dpo.eval_path"
+                )
+            heldout = [train[i] for i in order[:n_eval]]
+            train = [train[i] for i in order[n_eval:]]
+    else:
+        train = tiny_rm_rows(d.size, heldout=False, seed=cfg.run.seed)
+        heldout = tiny_rm_rows(d.eval_size, heldout=True, seed=cfg.run.seed)
+    renderer = ConversationRenderer(tokenizer, cfg.data.system_prompt)
+
+    def pairs(rows: list[Any]) -> list[ResponsePair]:
+        return [ResponsePair(*render_pair(renderer, r, i, max_context)) for i, r in enumerate(rows)]
+
+    return pairs(train), pairs(heldout)

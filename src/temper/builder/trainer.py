@@ -28,8 +28,10 @@ if TYPE_CHECKING:  # imports peft: only a run with [lora] loads it
 
 def build_trainer(cfg: Config, policy: torch.nn.Module, model: RunModel, pad_id: int) -> Trainer:
     """The trainer of ``policy`` (loaded from ``model.weights``). A KL reference is the
-    configured base model (``model.base``) at any world size."""
-    ref_path = model.base if cfg.algo.uses_reference else None
+    configured base model (``model.base``) at any world size; so is online DPO's
+    reference (dataset DPO caches its reference logprobs instead of a second model)."""
+    online_dpo = cfg.trainer.mode == "dpo" and cfg.dpo.pairs == "online"
+    ref_path = model.base if cfg.algo.uses_reference or online_dpo else None
     steps = cfg.orchestrator.steps
     launch = detect_launch(master_addr=cfg.trainer.master_addr, master_port=cfg.trainer.master_port)
     if launch is not None:
@@ -49,7 +51,7 @@ def build_trainer(cfg: Config, policy: torch.nn.Module, model: RunModel, pad_id:
             raise ConfigError(
                 f"{launch.launcher} with {launch.world_size} ranks: launched trainers run RL "
                 "with a group baseline on text models so far (not a vision-language model, "
-                "algo.advantage = 'gae', or trainer.mode = 'sft'/'rft')"
+                "algo.advantage = 'gae', or trainer.mode = 'sft'/'rft'/'dpo')"
             )
         return DistributedTrainer(
             policy, model.weights, trainer_cfg, cfg.algo, steps, pad_id, ref_path=ref_path,
@@ -93,6 +95,7 @@ def build_trainer(cfg: Config, policy: torch.nn.Module, model: RunModel, pad_id:
         pixels=pixels,
         critic=critic,
         adapter=adapter,
+        dpo=cfg.dpo,
     )
 
 

@@ -145,8 +145,8 @@ def _absolute_file_spec(value: Any, base: Path) -> Any:
 def resolve_paths(data: dict[str, Any], base: Path) -> None:
     """Make the relative paths in raw config ``data`` absolute against ``base``, in place.
 
-    The path keys: data.path, data.eval_path, sft.path, model.path (unless a built-in name),
-    orchestrator.train_from, and the file of a "file.py:function" reward or env.
+    The path keys: data.path, data.eval_path, sft.path, dpo.path, dpo.eval_path, model.path
+    (unless a built-in name), orchestrator.train_from, and the file of a "file.py:function" reward or env.
     run.output_dir stays relative to the working directory, as runs/ is by custom.
     Values of the wrong type are left for validation to name.
     """
@@ -160,6 +160,9 @@ def resolve_paths(data: dict[str, Any], base: Path) -> None:
             data["data"][key] = _absolute(data["data"][key], base)
     if "path" in section("sft"):
         data["sft"]["path"] = _absolute(data["sft"]["path"], base)
+    for key in ("path", "eval_path"):
+        if key in section("dpo"):
+            data["dpo"][key] = _absolute(data["dpo"][key], base)
     model_path = section("model").get("path")
     if model_path is not None and model_path not in MODEL_ALIASES:
         data["model"]["path"] = _absolute(model_path, base)

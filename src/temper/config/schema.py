@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from temper.config.agent import AgentConfig
 from temper.config.algo import AlgoConfig
 from temper.config.critic import CriticConfig, check_critic
+from temper.config.dpo import DPOConfig, check_dpo
 from temper.config.engine import EngineConfig, NativeEngineConfig
 from temper.config.env import EnvConfig
 from temper.config.health import HealthConfig
@@ -201,10 +202,12 @@ class Config(_Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
     rft: RFTConfig = Field(default_factory=RFTConfig)
+    dpo: DPOConfig = Field(default_factory=DPOConfig)
 
     @model_validator(mode="after")
     def _modes_fit(self) -> Config:
         check_self_improve(self)
+        check_dpo(self)
         check_critic(self)
         check_lora(self)
         if self.algo.credit == "turn" and not self.env.enabled:

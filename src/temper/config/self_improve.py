@@ -56,7 +56,7 @@ class RFTConfig(BaseModel):
 
 
 def check_self_improve(cfg: Any) -> None:
-    """Refuse combinations the sft/rft modes do not support (ValueError: exit 2).
+    """Refuse combinations the sft/rft/dpo modes do not support (ValueError: exit 2).
 
     ``cfg`` is the whole `temper.config.Config` (not imported: no import circle).
     """
@@ -75,6 +75,9 @@ def check_self_improve(cfg: Any) -> None:
     if o.refill:
         raise ValueError(f"{what} has no groups to refill: set orchestrator.refill = false")
     if cfg.algo.kl_coef > 0:
-        raise ValueError(f"{what} trains on the likelihood alone: set algo.kl_coef = 0")
+        why = "trains on the likelihood alone"
+        if mode == "dpo":
+            why = "holds to its reference through dpo.beta"
+        raise ValueError(f"{what} {why}: set algo.kl_coef = 0")
     if cfg.trainer.world_size > 1:
         raise ValueError(f"{what} trains at trainer.world_size = 1 only so far")

@@ -12,12 +12,13 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 class TrainerConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
-    mode: Literal["rl", "sft", "rft"] = Field(
+    mode: Literal["rl", "sft", "rft", "dpo"] = Field(
         "rl",
         description="rl: policy-gradient steps on scored groups (`algo`). sft: supervised "
         "steps on the `sft` conversations (loss on assistant tokens). rft: rejection-sampling "
         "fine-tuning, each step a round: generate, keep by reward (`rft`), supervised steps "
-        "(docs/self_improvement.md).",
+        "(docs/self_improvement.md). dpo: Direct Preference Optimization on chosen/rejected "
+        "pairs against the starting policy (`dpo`; docs/algorithms.md).",
     )
     lr: float = Field(1e-4, gt=0, le=1, description="Peak learning rate.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
@@ -53,7 +54,7 @@ class TrainerConfig(BaseModel):
         description="bf16 uses autocast; auto = bf16 on CUDA, fp32 on CPU (weights stay fp32).",
     )
     ppo_epochs: int = Field(
-        1, ge=1, description="Passes over each batch (sft/rft: over each step's samples)."
+        1, ge=1, description="Passes over each batch (sft/rft/dpo: over each step's samples)."
     )
     mini_batches: int = Field(1, ge=1, description="Optimizer steps per pass.")
     freeze_vision_tower: bool = Field(

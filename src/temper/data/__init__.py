@@ -8,5 +8,6 @@ loss mask marks the assistant turns), `sampler.py` (the `TaskSampler` protocol;
 `ListSampler`, `ProceduralSampler`), `task_stats.py` + `task_sampling.py`
 (`AdaptiveSampler`: targeted, curriculum and weighted sampling from each step's
 results; docs/sampling.md), `preferences.py` (synthetic preference pairs for the
-tiny reward model). The `Task` record itself is `temper.records`.
+tiny reward model), `preference_rows.py` (DPO's chosen/rejected pairs: loaded,
+checked, rendered into trajectories). The `Task` record itself is `temper.records`.
 """

@@ -114,16 +114,23 @@ class ConversationRenderer:
             messages, add_generation_prompt=add_generation_prompt, tokenize=False
         )
 
-    def render(self, conv: Conversation, max_tokens: int | None = None) -> Trajectory:
+    def render(
+        self, conv: Conversation, max_tokens: int | None = None, train_from: int = 0
+    ) -> Trajectory:
+        """``conv`` as a trajectory with the loss on its assistant turns from message
+        ``train_from`` on; earlier assistant turns are part of the prompt (a preference
+        pair's prompt may hold a conversation's history)."""
         messages = conv.messages
         if self.system_prompt and not any(m["role"] == "system" for m in messages):
             messages = [{"role": "system", "content": self.system_prompt}, *messages]
+            if train_from:
+                train_from += 1  # the same messages, one place further on
         ids: list[int] = []
         mask: list[int] = []
         prompt_len = None
         done = ""  # the text rendered so far
         for i, m in enumerate(messages):
-            if m["role"] != "assistant":
+            if m["role"] != "assistant" or i < train_from:
                 continue
             before = self._text(messages[:i], add_generation_prompt=True)
             through = self._text(messages[: i + 1], add_generation_prompt=False)

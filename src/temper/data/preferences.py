@@ -108,6 +108,16 @@ class PreferencePair:
     family: str
 
 
+def user_text(prompt: str) -> str:
+    """A pair's prompt as the user's own text: the ChatML rendering that half the
+    prompts carry (see the module docstring) taken off, so a policy can render it
+    through its own chat template."""
+    head, tail = _CHAT.split("{u}")
+    if prompt.startswith(head) and prompt.endswith(tail) and len(prompt) > len(head + tail):
+        return prompt[len(head) : -len(tail)]
+    return prompt
+
+
 def topic_is_heldout(topic: str, percent: int = 20) -> bool:
     """True if a helpfulness topic belongs to the held-out split (stable hash)."""
     digest = hashlib.sha256((_TOPIC_SALT + topic).encode()).digest()

@@ -5,7 +5,7 @@
 - `rl_step.py`: `RLStep`, a step in five stages: collect, advantages, train,
   publish, metrics; `collect.py` (one synchronous step's groups, with DAPO refill),
   `advantages.py` (the advantage stage), `step_metrics.py` (what a step logs);
-- `self_improve.py`: the sft and rft steps (`trainer.mode`);
+- `self_improve.py`: the sft and rft steps (`trainer.mode`); `dpo.py`: the dpo steps;
 - `async_rollouts.py`: groups generated in the background within
   `orchestrator.max_staleness` (docs/async.md);
 - `run_dir.py`: the run directory, opened in two steps so a failed start loses

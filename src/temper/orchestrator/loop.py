@@ -4,7 +4,8 @@ It builds the run's parts through `temper.builder` (model, trainer, rollout back
 tasks, sinks), then runs steps from ``start_step + 1`` to ``orchestrator.steps``:
 each step is an `RLStep` (collect → advantages → train → publish → metrics,
 `temper.orchestrator.rl_step`) or, with ``trainer.mode = "sft"``/``"rft"``, a
-supervised step (`temper.orchestrator.self_improve`). Around the steps it evaluates
+supervised step (`temper.orchestrator.self_improve`), or with ``"dpo"`` a
+preference step (`temper.orchestrator.dpo`). Around the steps it evaluates
 at the start, every ``eval.every`` steps and at the end, runs the health checks,
 checkpoints atomically (`temper.trainer.checkpoint`), and writes the run
 directory. A resumed synchronous run continues exactly where the checkpoint left
@@ -26,7 +27,12 @@ from temper.builder.backends import build_backend
 from temper.builder.model import load_run_model
 from temper.builder.rewards import check_reward_functions
 from temper.builder.sinks import build_sinks
-from temper.builder.tasks import RunTasks, build_run_tasks, build_sft_rows
+from temper.builder.tasks import (
+    RunTasks,
+    build_preference_pairs,
+    build_run_tasks,
+    build_sft_rows,
+)
 from temper.builder.trainer import build_trainer
 from temper.config import Config
 from temper.errors import ConfigError
@@ -49,6 +55,7 @@ from temper.orchestrator.auto_placement import (
     fixed_placement,
     placement_metrics,
 )
+from temper.orchestrator.dpo import DPOSteps, OnlineDPORounds
 from temper.orchestrator.reward_check import check_reward_on_samples
 from temper.orchestrator.rl_step import RLStep, StepResult, sampling_params
 from temper.orchestrator.run_dir import RunDir
@@ -71,8 +78,8 @@ from temper.trainer.checkpoint import (
     set_rng_state,
 )
 
-#: A step of any kind: `RLStep`, `SFTSteps` or `RFTRounds`.
-Steps = RLStep | SFTSteps | RFTRounds
+#: A step of any kind: `RLStep`, `SFTSteps`, `RFTRounds`, `DPOSteps` or `OnlineDPORounds`.
+Steps = RLStep | SFTSteps | RFTRounds | DPOSteps | OnlineDPORounds
 
 
 class Orchestrator:
@@ -139,7 +146,10 @@ class Orchestrator:
             self.placer = AutoPlacement(cfg, self.backend, self.run_dir.metrics)
 
     def _steps(self, cfg: Config) -> Steps:
-        """The step of ``trainer.mode``: RL, supervised (sft) or rejection sampling (rft)."""
+        """The step of ``trainer.mode``: RL, supervised (sft), rejection sampling (rft) or
+        preference pairs (dpo)."""
+        if cfg.trainer.mode == "dpo":
+            return self._dpo_steps(cfg)
         if cfg.trainer.mode == "rft":
             return RFTRounds(cfg, self.trainer, self.backend, self.sampler)
         if cfg.trainer.mode == "sft":
@@ -150,6 +160,14 @@ class Orchestrator:
         return RLStep(
             cfg, self.trainer, self.backend, self.sampler, self.health, self._system_metrics
         )
+
+    def _dpo_steps(self, cfg: Config) -> DPOSteps | OnlineDPORounds:
+        if self.model.vision is not None or not self.trainer.abilities.preference:
+            raise ConfigError("trainer.mode = 'dpo' trains text models at world_size = 1 so far")
+        if cfg.dpo.pairs == "online":
+            return OnlineDPORounds(cfg, self.trainer, self.backend, self.sampler)
+        pairs = build_preference_pairs(cfg, self.model.tokenizer, self.backend.max_context)
+        return DPOSteps(cfg, self.trainer, self.backend, *pairs)
 
     def _check_prompts_fit(self, tasks: RunTasks) -> None:
         """Fail before any work if a dataset prompt cannot fit in the context.
@@ -175,6 +193,8 @@ class Orchestrator:
             max_new_tokens=e.max_response_tokens or self.cfg.orchestrator.max_response_tokens,
             seed=self.cfg.run.seed + 7919,
         )
+        if isinstance(self.steps, DPOSteps):  # the held-out pairs' implicit-reward accuracy
+            result.update(await self.steps.heldout_preference())
         result["time_s"] = time.perf_counter() - t0  # the eval stage (temper plan reads it)
         self.run_dir.write_eval(step, result)
         scalars = {f"eval/{k}": v for k, v in numeric_scalars(result).items()}

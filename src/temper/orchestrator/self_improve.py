@@ -66,23 +66,32 @@ def _accepted(t: Trajectory, cfg: RFTConfig) -> bool:
 
 
 class _SupervisedSteps:
-    """Train on a list of trajectories, then publish the weights (what both modes share)."""
+    """Train on a list of trajectories, then publish the weights (what every mode shares;
+    DPO's steps, `temper.orchestrator.dpo`, train on pairs through the two hooks)."""
 
     def __init__(self, cfg: Config, trainer: Trainer, backend: RolloutBackend) -> None:
         self.cfg, self.trainer, self.backend = cfg, trainer, backend
 
-    async def train(self, trajs: list[Trajectory], step: int) -> dict[str, Any]:
+    def _update(self, batch: list[Any]) -> dict[str, float]:
+        """The trainer's update on ``batch`` (on the compute thread)."""
+        return self.trainer.train_step(batch)
+
+    def _tokens(self, batch: list[Any]) -> int:
+        """The loss tokens of ``batch``, for the throughput."""
+        return sum(t.num_policy_tokens for t in batch)
+
+    async def train(self, trajs: list[Any], step: int) -> dict[str, Any]:
         asleep = free_during_train(self.backend, self.cfg.engine.during_train())
         t0 = time.perf_counter()
         with stage("train"):
-            stats = await compute.arun(self.trainer.train_step, trajs) if trajs else {}
+            stats = await compute.arun(self._update, trajs) if trajs else {}
         t1 = time.perf_counter()
         if asleep:
             self.backend.wake_up()
         if trajs:
             with stage("weight_sync"):
                 publish_weights(self.backend, self.trainer.engine_state_dict(), step)
-        trained = sum(t.num_policy_tokens for t in trajs) * self.cfg.trainer.ppo_epochs
+        trained = self._tokens(trajs) * self.cfg.trainer.ppo_epochs
         return {
             **stats,
             "policy_version": self.backend.version,

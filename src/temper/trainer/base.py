@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import torch
 
 from temper.records import Trajectory
+
+if TYPE_CHECKING:
+    from temper.trainer.preference import ResponsePair
 
 
 @dataclass(frozen=True)
@@ -29,11 +32,13 @@ class TrainerAbilities:
     (``[lora]``): `engine_state_dict` is the adapter (`temper.weights.adapter`), a
     checkpoint holds the adapter rather than an HF model, and a resumed run loads the
     base from ``model.path`` and hands the engines the adapter again.
+    ``preference``: `train_pairs` and `sequence_logprobs` (DPO, ``trainer.mode = "dpo"``).
     """
 
     undo: bool = False
     sharded_state: bool = False
     adapter: bool = False
+    preference: bool = False
 
 
 @runtime_checkable
@@ -47,6 +52,16 @@ class Trainer(Protocol):
     def train_step(self, trajs: list[Trajectory]) -> dict[str, float]:
         """One update (every epoch and mini-batch of it) on ``trajs``; averaged metrics.
         Sets each trajectory's ``trainer_logprobs``."""
+        ...
+
+    def train_pairs(self, pairs: list[ResponsePair]) -> dict[str, float]:
+        """``abilities.preference``: one DPO update (every epoch and mini-batch) on
+        ``pairs``, whose reference logprobs are set; averaged metrics."""
+        ...
+
+    def sequence_logprobs(self, trajs: list[Trajectory], reference: bool = False) -> list[float]:
+        """``abilities.preference``: each trajectory's summed logprob of its loss-masked
+        tokens under the policy now (``reference``: the frozen reference model), no grad."""
         ...
 
     def engine_state_dict(self) -> dict[str, torch.Tensor]:
@@ -95,6 +110,12 @@ class TrainerDefaults:
 
     def write_sharded_state(self, directory: Path) -> None:
         raise NotImplementedError(f"{type(self).__name__} writes no sharded state")
+
+    def train_pairs(self, pairs: list[ResponsePair]) -> dict[str, float]:
+        raise NotImplementedError(f"{type(self).__name__} does not train on pairs (DPO)")
+
+    def sequence_logprobs(self, trajs: list[Trajectory], reference: bool = False) -> list[float]:
+        raise NotImplementedError(f"{type(self).__name__} does not score sequences")
 
     def snapshot(self) -> dict[str, Any]:
         raise NotImplementedError(f"{type(self).__name__} cannot undo an update")

@@ -13,7 +13,8 @@ equals one big batch.
 With ``trainer.mode = "sft"`` or ``"rft"`` the same step minimises the
 negative log-likelihood of the loss-masked tokens instead (`_sft_loss`: token
 mean over the mini-batch, advantages ignored); batching, packing, passes and
-mini-batches are the same.
+mini-batches are the same. With ``"dpo"`` the loop calls `train_pairs` instead,
+on chosen/rejected pairs (`temper.trainer.preference`, mixed in).
 
 It does not generate, score or talk to the engine: the orchestrator does that.
 
@@ -50,6 +51,7 @@ from temper.algos import (
 )
 from temper.algos.off_policy import importance_weights
 from temper.config.algo import AlgoConfig
+from temper.config.dpo import DPOConfig
 from temper.config.trainer import TrainerConfig
 from temper.devices import trainer_precision
 from temper.records import Trajectory
@@ -68,16 +70,17 @@ from temper.trainer.packing import (
     packed_logits,
     plan_packed_rows,
 )
+from temper.trainer.preference import PreferenceTraining
 from temper.trainer.step_stats import accumulate_ratio_stats, rl_step_stats, sft_step_stats
 
 if TYPE_CHECKING:  # imports peft: only a run with [lora] loads it
     from temper.trainer.lora import LoraAdapter
 
 
-class PolicyTrainer(TrainerDefaults):
+class PolicyTrainer(PreferenceTraining, TrainerDefaults):
     """Owns the trainable policy, its optimizer and (optionally) a frozen reference."""
 
-    abilities = TrainerAbilities(undo=True)
+    abilities = TrainerAbilities(undo=True, preference=True)
 
     def __init__(
         self,
@@ -90,12 +93,14 @@ class PolicyTrainer(TrainerDefaults):
         pixels: PixelSource | None = None,
         critic: Critic | None = None,
         adapter: LoraAdapter | None = None,
+        dpo: DPOConfig | None = None,
     ) -> None:
         self.model = model
+        self.dpo = dpo or DPOConfig()  # trainer.mode = "dpo": its loss and beta
         #: ``[lora]``: the adapters peft put into ``model`` (its only trainable weights).
         self.adapter = adapter
         if adapter is not None:
-            self.abilities = TrainerAbilities(undo=True, adapter=True)
+            self.abilities = TrainerAbilities(undo=True, adapter=True, preference=True)
         #: PPO's value function (``algo.advantage = "gae"``), else None.
         self.critic = critic
         #: Image inputs by hash, for trajectories that hold images (VLMs).
