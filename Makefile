@@ -14,7 +14,7 @@ VLLM_TESTS := tests/engine/test_vllm_engine.py tests/orchestrator/test_vllm_runs
 	tests/serve/test_vllm_structured.py
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup setup-vllm demo test test-vllm test-fast lint format bench clean
+.PHONY: setup setup-vllm demo test test-vllm test-in-process test-fast lint format bench clean
 
 setup: $(STAMP)
 
@@ -31,17 +31,46 @@ $(VLLM_STAMP): pyproject.toml constraints.txt scripts/setup.sh apt-packages.txt
 demo: setup
 	$(VENV)/bin/temper train --run.overwrite=true
 
-# The vLLM suite runs alongside the main one: the main suite leaves about a third of
-# two cores idle (waits on subprocesses, servers, rank start-up), and the two share no
-# state (their own environments; no Ray, browser or fixed names in the vLLM tests).
-# Its output follows the main suite's; either failing fails the target.
+# In-process tests: no server, Ray, browser, sandbox or trainer ranks, and no TCP socket
+# (tests/conftest.py fails a test of this lane that opens one: the main suite hands
+# free ports to its servers and ranks, and a socket here could take one meanwhile).
+IN_PROCESS_TESTS := tests/algos tests/config tests/data tests/rollout tests/engine tests/models \
+	$(addprefix tests/orchestrator/test_,self_improve_resume.py resume.py critic_runs.py \
+	  run_dir.py auto_placement.py learning.py checkpoint_by_default.py cannot_learn.py \
+	  dpo.py async.py self_improve.py policy_objective_runs.py modes.py turn_credit_run.py \
+	  refill.py backend.py reward_check.py stage_model.py advantages_assignment.py) \
+	$(addprefix tests/trainer/test_,lora.py critic.py policy_objectives.py packing.py \
+	  policy_trainer.py preference_trainer.py sft_loss.py batching.py weight_stream.py \
+	  checkpoint_retention.py checkpoint.py) \
+	$(addprefix tests/cli/test_,startup.py commands.py bad_input.py help.py eval_checkpoint.py) \
+	$(addprefix tests/test_,devices_and_extensions.py architecture.py dependencies.py api.py \
+	  safe_json.py builder.py) \
+	tests/monitor/test_progress.py tests/weights/test_transport.py tests/weights/test_shm_ring.py \
+	$(addprefix tests/rewards/test_,gsm8k_gold.py reward_contract.py declared_correctness.py \
+	  trl_adapter.py tool_call_ast.py shaping.py format_reward_more.py format_reward.py \
+	  combine.py answers.py) \
+	$(addprefix tests/eval/test_,bfcl.py suites.py report.py metrics.py harness.py) \
+	$(addprefix tests/vision/test_,vlm_training.py vlm_native.py vlm_episodes.py vlm_rollouts.py \
+	  images.py collapse_image_runs.py)
+
+# Three suites run side by side on the two cores: the main one, the in-process tests
+# above, and the vLLM suite (its own environment; no Ray, browser or fixed names). The
+# main suite alone left one core mostly idle (waits on subprocesses, servers, rank
+# start-up). The others' output follows the main suite's; any failing fails the target.
 test: setup setup-vllm
-	@log=$$(mktemp); \
-	$(MAKE) --no-print-directory test-vllm > $$log 2>&1 & vllm=$$!; \
-	$(PY) -m pytest -q; main=$$?; \
-	wait $$vllm; vllm_rc=$$?; \
-	echo "--- the vLLM suite (.venv-vllm) ---"; cat $$log; rm -f $$log; \
-	test $$main -eq 0 && test $$vllm_rc -eq 0
+	@vllm_log=$$(mktemp); lane_log=$$(mktemp); lane_tmp=$$(mktemp -d); \
+	$(MAKE) --no-print-directory test-vllm > $$vllm_log 2>&1 & vllm=$$!; \
+	TEMPER_TEST_LANE=in-process $(PY) -m pytest -q -p no:cacheprovider \
+	  --basetemp=$$lane_tmp/t $(IN_PROCESS_TESTS) > $$lane_log 2>&1 & lane=$$!; \
+	$(PY) -m pytest -q $(addprefix --ignore=,$(IN_PROCESS_TESTS)); main=$$?; \
+	wait $$lane; lane_rc=$$?; wait $$vllm; vllm_rc=$$?; \
+	echo "--- the in-process tests (TEMPER_TEST_LANE=in-process) ---"; cat $$lane_log; \
+	echo "--- the vLLM suite (.venv-vllm) ---"; cat $$vllm_log; \
+	rm -rf $$vllm_log $$lane_log $$lane_tmp; \
+	test $$main -eq 0 && test $$lane_rc -eq 0 && test $$vllm_rc -eq 0
+
+test-in-process: setup
+	TEMPER_TEST_LANE=in-process $(PY) -m pytest -q $(IN_PROCESS_TESTS)
 
 test-vllm: setup-vllm
 	$(VLLM_PY) -m pytest -q -p no:cacheprovider $(VLLM_TESTS)

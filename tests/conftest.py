@@ -1,4 +1,6 @@
 import os
+import socket
+import sys
 
 import pytest
 
@@ -31,3 +33,23 @@ def ray_cluster():
     yield ray
     if started:
         ray.shutdown()
+
+
+def _no_tcp_in_this_lane(event: str, args: tuple) -> None:
+    """`make test` runs the files of ``IN_PROCESS_TESTS`` (Makefile) in a second pytest
+    beside the main one. The main suite's servers, Ray and trainer ranks pick a free
+    port and hand it on; a TCP socket opened here at that moment could take it. So
+    this lane opens none, and a test that tries fails with this message."""
+    if event in ("socket.bind", "socket.connect") and args[0].family in (
+        socket.AF_INET,
+        socket.AF_INET6,
+    ):
+        raise RuntimeError(
+            f"{event} {args[1]!r}: a test in the in-process lane (TEMPER_TEST_LANE, "
+            "Makefile IN_PROCESS_TESTS) opened a TCP socket; take its file out of "
+            "IN_PROCESS_TESTS so that it runs in the main suite"
+        )
+
+
+if os.environ.get("TEMPER_TEST_LANE") == "in-process":
+    sys.addaudithook(_no_tcp_in_this_lane)
