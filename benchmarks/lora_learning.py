@@ -63,16 +63,23 @@ def read_run(run: Path) -> dict:
     }
 
 
-def run_arm(rank: int | None, seed: int, args: argparse.Namespace, out: str) -> dict:
+def run_train(train_args: list[str], out: str) -> Path:
+    """``temper train`` with ``train_args`` (its first is ``train``, one is
+    ``--run.name=NAME``) in its own process, its output in ``out/NAME.log``; the run's
+    directory. A failed run stops the benchmark with the log's path."""
     temper = Path(sys.executable).with_name("temper")
-    cmd = [str(temper), *arm_args(rank, seed, args, out)]
-    name = cmd[2].removeprefix("--run.name=")
+    cmd = [str(temper), *train_args]
+    name = next(a for a in train_args if a.startswith("--run.name=")).removeprefix("--run.name=")
     log = Path(out) / f"{name}.log"
     with log.open("w") as f:
         rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
     if rc != 0:
         raise SystemExit(f"{' '.join(cmd)} exited {rc}; see {log}")
-    return read_run(Path(out) / name)
+    return Path(out) / name
+
+
+def run_arm(rank: int | None, seed: int, args: argparse.Namespace, out: str) -> dict:
+    return read_run(run_train(arm_args(rank, seed, args, out), out))
 
 
 def summarise(runs: list[dict]) -> dict:

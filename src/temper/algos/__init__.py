@@ -1,5 +1,6 @@
 """RL math as pure tensor functions: advantages, log-probabilities, policy losses, KL;
-`preference.py`: DPO and IPO losses on sequence logprobs."""
+`preference.py`: DPO and IPO losses on sequence logprobs; `distill.py`: on-policy
+distillation's per-token advantages."""
 
 from temper.algos.advantages import (
     AdvantageName,

@@ -1,7 +1,8 @@
 """The run's trainer from `[trainer]`, `[algo]`, `[critic]` and `[lora]`: a `PolicyTrainer`
 in this process at ``world_size = 1``, else a `DistributedTrainer` over spawned, launched
 (torchrun, mpirun) or Ray ranks. With ``[lora]`` the policy gets peft's adapters first
-(`build_lora`; world size 1, text models)."""
+(`build_lora`; world size 1, text models). With ``algo.advantage = "distill"`` it holds
+the frozen teacher too (`build_teacher`: the student's tokenizer, world size 1)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from temper.builder.model import RunModel
 from temper.config import Config
 from temper.config.lora import LoraConfig
 from temper.devices import resolve_device
-from temper.errors import ConfigError
+from temper.errors import ConfigError, ModelLoadError
 from temper.models import load_model
+from temper.models.loader import is_vision_language, load_tokenizer
 from temper.trainer.base import Trainer
 from temper.trainer.critic import Critic
 from temper.trainer.distributed import DistributedTrainer
@@ -47,11 +49,12 @@ def build_trainer(cfg: Config, policy: torch.nn.Module, model: RunModel, pad_id:
                 "`temper train` without a launcher"
             )
         trainer_cfg = cfg.trainer.model_copy(update={"world_size": launch.world_size})
-        if model.vision is not None or cfg.algo.advantage == "gae" or cfg.trainer.mode != "rl":
+        per_token = cfg.algo.advantage in ("gae", "distill")
+        if model.vision is not None or per_token or cfg.trainer.mode != "rl":
             raise ConfigError(
                 f"{launch.launcher} with {launch.world_size} ranks: launched trainers run RL "
                 "with a group baseline on text models so far (not a vision-language model, "
-                "algo.advantage = 'gae', or trainer.mode = 'sft'/'rft'/'dpo')"
+                "algo.advantage = 'gae' or 'distill', or trainer.mode = 'sft'/'rft'/'dpo')"
             )
         return DistributedTrainer(
             policy, model.weights, trainer_cfg, cfg.algo, steps, pad_id, ref_path=ref_path,
@@ -74,6 +77,7 @@ def build_trainer(cfg: Config, policy: torch.nn.Module, model: RunModel, pad_id:
         assert model.images is not None  # a training run keeps its images
         pixels = pixel_source(model.vision, model.images)
     critic = build_critic(cfg, policy, device) if cfg.algo.advantage == "gae" else None
+    teacher = build_teacher(cfg, model, device) if cfg.algo.advantage == "distill" else None
     trainer_cfg, adapter = cfg.trainer, None
     if cfg.lora.enabled:
         if model.vision is not None:
@@ -96,6 +100,8 @@ def build_trainer(cfg: Config, policy: torch.nn.Module, model: RunModel, pad_id:
         critic=critic,
         adapter=adapter,
         dpo=cfg.dpo,
+        teacher=teacher,
+        distill=cfg.distill,
     )
 
 
@@ -105,6 +111,36 @@ def build_lora(lora: LoraConfig, policy: torch.nn.Module) -> LoraAdapter:
     from temper.trainer.lora import LoraAdapter  # imports peft
 
     return LoraAdapter.wrap(policy, lora)
+
+
+def build_teacher(cfg: Config, model: RunModel, device: torch.device) -> torch.nn.Module:
+    """``distill.teacher``, frozen, on the trainer's device. It scores the student's
+    sampled ids as they are, so every student (token, id) pair must be the teacher's
+    too (a teacher may know more tokens) and, for a vision-language student, be one too;
+    `ConfigError` (one line, exit 2) otherwise."""
+    path = cfg.distill.teacher
+    assert path is not None  # check_distill
+    try:
+        teacher_vocab = load_tokenizer(path).get_vocab()
+    except ModelLoadError as exc:
+        raise ConfigError(f"distill.teacher: {exc}") from exc
+    # The teacher may know more tokens (a padded or extended vocabulary): the student's
+    # ids only have to mean the same to it.
+    differ = sorted(set(model.tokenizer.get_vocab().items()) - set(teacher_vocab.items()))
+    if differ:
+        raise ConfigError(
+            f"distill.teacher {path!r} has another tokenizer than the student "
+            f"{cfg.model.path!r}: {len(differ)} of the student's (token, id) pairs are not "
+            f"the teacher's, e.g. {differ[0]!r}; the teacher scores the student's token ids, "
+            "so it must give every one of them the same meaning"
+        )
+    if is_vision_language(path) != (model.vision is not None):
+        kinds = ("a text model", "a vision-language model")
+        raise ConfigError(
+            f"distill.teacher {path!r} is {kinds[is_vision_language(path)]} and the student "
+            f"is {kinds[model.vision is not None]}: the teacher sees what the student sees"
+        )
+    return load_model(path, dtype=torch.float32).to(device)
 
 
 def build_critic(cfg: Config, policy: torch.nn.Module, device: torch.device) -> Critic:

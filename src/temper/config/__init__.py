@@ -5,7 +5,7 @@ nothing of Temper's runtime.
 one module per larger section (`engine.py`: one class per ``engine.type`` in a
 tagged union; `reward.py`: one class per component ``type``; `env.py` with
 `EpisodeLimits`; `trainer.py`, `algo.py`, `critic.py`, `orchestrator.py`,
-`sampler.py`, `self_improve.py`, `health.py`, `lora.py`), `load.py` (TOML files and dotted
+`sampler.py`, `self_improve.py`, `health.py`, `lora.py`, `dpo.py`, `distill.py`), `load.py` (TOML files and dotted
 overrides; relative paths against the file's folder; one-line errors naming the
 field), `doc.py` (renders docs/config.md; a test keeps it current).
 """

@@ -12,7 +12,14 @@ class AlgoConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     advantage: Literal[
-        "grpo", "grpo_no_std", "dr_grpo", "rloo", "reinforce_pp_baseline", "reinforce_pp", "gae"
+        "grpo",
+        "grpo_no_std",
+        "dr_grpo",
+        "rloo",
+        "reinforce_pp_baseline",
+        "reinforce_pp",
+        "gae",
+        "distill",
     ] = Field(
         "grpo",
         description="Advantage estimator over each prompt's group: grpo (reward minus group "
@@ -20,7 +27,9 @@ class AlgoConfig(BaseModel):
         "mean of the others), reinforce_pp_baseline (group mean baseline, batch-normalised), "
         "reinforce_pp (full REINFORCE++: per-token returns with reward_kl_coef * KL in the "
         "reward, normalised over the batch; docs/algorithms.md), gae (PPO with a learned "
-        "value: GAE against the [critic] section's value function).",
+        "value: GAE against the [critic] section's value function), distill (on-policy "
+        "distillation: each sampled token's log p_teacher - log p_student, from the "
+        "[distill] section's teacher).",
     )
     policy_loss: Literal["ppo", "gspo", "cispo"] = Field(
         "ppo",

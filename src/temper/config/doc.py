@@ -26,7 +26,7 @@ A run is configured by a TOML file and/or dotted overrides on the command
 line (`temper train cfg.toml --trainer.lr=3e-4`). Every key below is optional;
 unknown keys are errors. `temper config show [CONFIG] [overrides]` prints the
 resolved config. Relative paths in a config file (`data.path`,
-`data.eval_path`, `model.path`, `orchestrator.train_from`, the file of a
+`data.eval_path`, `model.path`, `distill.teacher`, `orchestrator.train_from`, the file of a
 `"file.py:function"` reward or env) are read relative to that file's folder;
 relative paths given as overrides, relative to the current directory.
 `run.output_dir` is always relative to the current directory.

@@ -146,7 +146,7 @@ def resolve_paths(data: dict[str, Any], base: Path) -> None:
     """Make the relative paths in raw config ``data`` absolute against ``base``, in place.
 
     The path keys: data.path, data.eval_path, sft.path, dpo.path, dpo.eval_path, model.path
-    (unless a built-in name), orchestrator.train_from, and the file of a "file.py:function" reward or env.
+    and distill.teacher (unless a built-in name), orchestrator.train_from, and the file of a "file.py:function" reward or env.
     run.output_dir stays relative to the working directory, as runs/ is by custom.
     Values of the wrong type are left for validation to name.
     """
@@ -163,9 +163,10 @@ def resolve_paths(data: dict[str, Any], base: Path) -> None:
     for key in ("path", "eval_path"):
         if key in section("dpo"):
             data["dpo"][key] = _absolute(data["dpo"][key], base)
-    model_path = section("model").get("path")
-    if model_path is not None and model_path not in MODEL_ALIASES:
-        data["model"]["path"] = _absolute(model_path, base)
+    for name, key in (("model", "path"), ("distill", "teacher")):
+        model_path = section(name).get(key)
+        if model_path is not None and model_path not in MODEL_ALIASES:
+            data[name][key] = _absolute(model_path, base)
     if "train_from" in section("orchestrator"):
         orch = data["orchestrator"]
         orch["train_from"] = _absolute(orch["train_from"], base)

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from temper.config.agent import AgentConfig
 from temper.config.algo import AlgoConfig
 from temper.config.critic import CriticConfig, check_critic
+from temper.config.distill import DistillConfig, check_distill
 from temper.config.dpo import DPOConfig, check_dpo
 from temper.config.engine import EngineConfig, NativeEngineConfig
 from temper.config.env import EnvConfig
@@ -203,6 +204,7 @@ class Config(_Section):
     sft: SFTConfig = Field(default_factory=SFTConfig)
     rft: RFTConfig = Field(default_factory=RFTConfig)
     dpo: DPOConfig = Field(default_factory=DPOConfig)
+    distill: DistillConfig = Field(default_factory=DistillConfig)
 
     @model_validator(mode="after")
     def _modes_fit(self) -> Config:
@@ -210,6 +212,7 @@ class Config(_Section):
         check_dpo(self)
         check_critic(self)
         check_lora(self)
+        check_distill(self)
         if self.algo.credit == "turn" and not self.env.enabled:
             raise ValueError(
                 "algo.credit = 'turn' needs a multi-turn env (env.type); single-turn runs "

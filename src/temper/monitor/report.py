@@ -52,6 +52,9 @@ def write_plots(run_dir: Path) -> list[Path]:
         k = evals[0].get("k")
         if k and all(f"mean@{k}" in e for e in evals):
             ax.plot(es, [e[f"mean@{k}"] for e in evals], "s-", label=f"held-out mean@{k}")
+    teacher = run_dir / "eval" / "teacher.json"  # a distillation run's teacher
+    if teacher.is_file() and "accuracy" in (t := json.loads(teacher.read_text())):
+        ax.axhline(t["accuracy"], ls="--", color="gray", label="teacher, held-out greedy")
     ax.set_xlabel("step")
     ax.set_ylabel("accuracy")
     ax.set_ylim(0, 1)

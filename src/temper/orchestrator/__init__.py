@@ -11,6 +11,7 @@
 - `run_dir.py`: the run directory, opened in two steps so a failed start loses
   nothing; `run_guard.py`: refusals at start, reward-error reports, Ctrl-C;
   `reward_check.py`: the reward tried on a few real samples before the step-0 eval;
+  `teacher_eval.py`: a distillation teacher's held-out eval, once before step 0;
 - `stage_model.py` + `auto_placement.py`: `temper plan` and
   ``orchestrator.placement = "auto"`` (docs/placement.md).
 """

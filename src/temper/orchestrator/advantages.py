@@ -6,7 +6,10 @@ baseline), runs the configured estimator (`temper.algos.compute_advantages`)
 per group size, and with ``algo.credit = "turn"`` spreads turn-level advantages
 over each turn's tokens (`temper.algos.turn_credit`). PPO's critic is its own
 baseline (``estimator = "gae"``): its groups are never dropped for size or
-equal rewards, and the trainer computes the advantages itself.
+equal rewards, and the trainer computes the advantages itself. So does on-policy
+distillation (``"distill"``): the teacher gives every sampled token its own
+advantage, whatever the rewards; here each trajectory gets GRPO's group advantage
+of its reward, which the trainer mixes in (``distill.reward_weight``).
 """
 
 from __future__ import annotations
@@ -61,9 +64,9 @@ def assign_advantages(
     kept: list[Trajectory] = []
     dropped = 0
     good = []
-    # PPO's critic is the baseline (the trainer computes GAE): a group of one, or of
-    # equal rewards, still gets non-zero advantages.
-    group_baseline = estimator != "gae"
+    # PPO's critic is the baseline (the trainer computes GAE), and a teacher scores every
+    # token: a group of one, or of equal rewards, still gets non-zero advantages.
+    group_baseline = estimator not in ("gae", "distill")
     for g in groups:
         # NaN reward: scoring failed with on_error="drop"; no tokens: the env failed at reset.
         g = usable(g)
@@ -79,7 +82,7 @@ def assign_advantages(
         by_size.setdefault(len(g), []).append(g)
     for gs in by_size.values():
         rewards = torch.tensor([[t.reward for t in g] for g in gs], dtype=torch.float32)
-        adv = compute_advantages(estimator, rewards)
+        adv = compute_advantages("grpo" if estimator == "distill" else estimator, rewards)
         for gi, g in enumerate(gs):
             for ti, t in enumerate(g):
                 t.advantage = float(adv[gi, ti])

@@ -14,6 +14,7 @@ off (an async one loses the groups in flight: docs/async.md).
 
 from __future__ import annotations
 
+import json
 import resource
 import time
 from pathlib import Path
@@ -66,6 +67,7 @@ from temper.orchestrator.run_guard import (
 )
 from temper.orchestrator.self_improve import RFTRounds, SFTSteps
 from temper.orchestrator.stage_model import format_plan
+from temper.orchestrator.teacher_eval import evaluate_teacher
 from temper.records import Trajectory
 from temper.rollout.multi_turn import episode_stats
 from temper.rollout.single_turn import check_prompt_fits
@@ -118,7 +120,8 @@ class Orchestrator:
             check_reward_functions(cfg, [*tasks.heldout, *tasks.train.tasks])
             self.run_dir.create(cfg)
         self.backend: RolloutBackend = build_backend(cfg, self.model, tasks, self.run_dir.path)
-        self.sampler, self.eval_tasks = tasks.train, tasks.heldout
+        self.sampler, self.eval_tasks, self.tasks = tasks.train, tasks.heldout, tasks
+        self.teacher_accuracy: float | None = None  # set by `_teacher_eval`
         self._check_prompts_fit(tasks)
         check_reward_functions(cfg, [*tasks.heldout, *tasks.train.tasks])
         self.health = HealthMonitor(cfg.health)
@@ -195,6 +198,8 @@ class Orchestrator:
         )
         if isinstance(self.steps, DPOSteps):  # the held-out pairs' implicit-reward accuracy
             result.update(await self.steps.heldout_preference())
+        if self.teacher_accuracy is not None:  # a distillation run: the teacher beside it
+            result["teacher_accuracy"] = self.teacher_accuracy
         result["time_s"] = time.perf_counter() - t0  # the eval stage (temper plan reads it)
         self.run_dir.write_eval(step, result)
         scalars = {f"eval/{k}": v for k, v in numeric_scalars(result).items()}
@@ -333,6 +338,8 @@ class Orchestrator:
         # Said before it starts: on a slow engine (HF, a VLM) the first eval can take
         # minutes, and a run that prints nothing looks like one that hangs.
         n = min(len(self.eval_tasks), self.cfg.eval.size or len(self.eval_tasks))
+        if self.cfg.algo.advantage == "distill" and self.cfg.distill.teacher_eval:
+            await self._teacher_eval(progress, n)
         progress.log(
             f"eval step 0: {n} held-out tasks (greedy, then {self.cfg.eval.k} samples each)..."
         )
@@ -340,6 +347,16 @@ class Orchestrator:
         progress.log(_eval_line(0, result))
         self.health.observe_eval(0, result.get("accuracy", 0.0))
         return result
+
+    async def _teacher_eval(self, progress: RunProgress, n: int) -> None:
+        """The teacher on the student's held-out tasks, once (`teacher_eval`)."""
+        progress.log(f"teacher eval: {self.cfg.distill.teacher}, {n} held-out tasks...")
+        result = await evaluate_teacher(self.cfg, self.tasks, self.eval_tasks[:n])
+        self.teacher_accuracy = result["accuracy"]
+        (self.run_dir.eval_dir / "teacher.json").write_text(json.dumps(result, indent=1))
+        scalars = {f"eval/teacher_{k}": v for k, v in numeric_scalars(result).items()}
+        self.metrics.write_extras({"step": 0, **scalars})
+        progress.log(_eval_line(0, result).replace("eval step 0:", "teacher eval:"))
 
     def _start_async(self, max_staleness: int, first_step: int) -> None:
         """Make rollouts in the background from ``first_step`` on."""

@@ -44,7 +44,8 @@ def check_can_learn(cfg: Config) -> None:
             "updates); use it with temper eval or orchestrator.mode = 'rollout_only'"
         )
     # sft/rft train on likelihood, not on comparisons within a group.
-    group_baseline = cfg.algo.advantage != "gae"  # gae: the critic is the baseline
+    # gae: the critic is the baseline; distill: the teacher scores each token.
+    group_baseline = cfg.algo.advantage not in ("gae", "distill")
     if (
         o.mode != "rollout_only"
         and o.group_size < 2

@@ -3,7 +3,8 @@
 `base.py` is the `Trainer` protocol (with `TrainerAbilities`), implemented by
 `policy_trainer.py` (`PolicyTrainer`, one process; with ``trainer.mode`` sft/rft
 the loss is the NLL of the loss-masked tokens; dpo trains on pairs through
-`preference.py`) and `distributed.py`
+`preference.py`; a distillation teacher's advantages come from `distill.py`)
+and `distributed.py`
 (`DistributedTrainer`: N FSDP2 ranks, `dist_worker.py`, spawned, launched by
 torchrun/mpirun (`launch.py`) or as Ray actors (`ray_ranks.py`)).
 

@@ -17,6 +17,8 @@ mini-batches are the same. With ``"dpo"`` the loop calls `train_pairs` instead,
 on chosen/rejected pairs (`temper.trainer.preference`, mixed in).
 
 It does not generate, score or talk to the engine: the orchestrator does that.
+With ``algo.advantage = "distill"`` a frozen teacher scores the step's sampled tokens
+first, and those scores are the advantages (`temper.trainer.distill`, mixed in).
 
 With ``[lora]`` the model it trains carries peft's LoRA layers (`temper.trainer.lora`,
 ``adapter``): the optimizer holds only the adapters (the base weights are frozen),
@@ -51,6 +53,7 @@ from temper.algos import (
 )
 from temper.algos.off_policy import importance_weights
 from temper.config.algo import AlgoConfig
+from temper.config.distill import DistillConfig
 from temper.config.dpo import DPOConfig
 from temper.config.trainer import TrainerConfig
 from temper.devices import trainer_precision
@@ -59,6 +62,7 @@ from temper.trainer.base import TrainerAbilities, TrainerDefaults
 from temper.trainer.batching import MicroBatch, PixelSource, collate, plan_micro_batches
 from temper.trainer.checkpoint import DCP_DIR, load_dcp_unsharded
 from temper.trainer.critic import Critic, critic_stats, gae_targets, whiten
+from temper.trainer.distill import Distillation
 from temper.trainer.expert_parallel import expert_modules, moe_load, moe_metrics
 from temper.trainer.forward import response_logits
 from temper.trainer.objective import policy_objective, reinforce_pp_returns
@@ -77,8 +81,9 @@ if TYPE_CHECKING:  # imports peft: only a run with [lora] loads it
     from temper.trainer.lora import LoraAdapter
 
 
-class PolicyTrainer(PreferenceTraining, TrainerDefaults):
-    """Owns the trainable policy, its optimizer and (optionally) a frozen reference."""
+class PolicyTrainer(PreferenceTraining, Distillation, TrainerDefaults):
+    """Owns the trainable policy, its optimizer and (optionally) a frozen reference and
+    a frozen teacher (``algo.advantage = "distill"``)."""
 
     abilities = TrainerAbilities(undo=True, preference=True)
 
@@ -94,9 +99,13 @@ class PolicyTrainer(PreferenceTraining, TrainerDefaults):
         critic: Critic | None = None,
         adapter: LoraAdapter | None = None,
         dpo: DPOConfig | None = None,
+        teacher: torch.nn.Module | None = None,
+        distill: DistillConfig | None = None,
     ) -> None:
         self.model = model
         self.dpo = dpo or DPOConfig()  # trainer.mode = "dpo": its loss and beta
+        self.distill = distill or DistillConfig()  # algo.advantage = "distill"
+        self.teacher = teacher.eval().requires_grad_(False) if teacher is not None else None
         #: ``[lora]``: the adapters peft put into ``model`` (its only trainable weights).
         self.adapter = adapter
         if adapter is not None:
@@ -221,9 +230,12 @@ class PolicyTrainer(PreferenceTraining, TrainerDefaults):
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, float] = defaultdict(float)
         token_adv = None
-        if self.algo.advantage == "reinforce_pp":
-            token_adv, rpp_stats = self._reinforce_pp_advantages(trajs, mine, old, ref)
-            for name, value in rpp_stats.items():
+        if rl and self.algo.advantage in ("reinforce_pp", "distill"):
+            if self.algo.advantage == "distill":
+                token_adv, per_token_stats = self._distill_advantages(trajs, mine)
+            else:
+                token_adv, per_token_stats = self._reinforce_pp_advantages(trajs, mine, old, ref)
+            for name, value in per_token_stats.items():
                 sums[name], counts[name] = value, 1.0
         train_policy = True
         if self.critic is not None:

@@ -1,0 +1,81 @@
+"""The `[distill]` config section: on-policy distillation, ``algo.advantage = "distill"``.
+
+The student (the policy) samples; a frozen teacher scores the sampled tokens in one
+forward; each sampled token's advantage is ``coef x (log p_teacher - log p_student)``,
+the negative of the per-token reverse KL, plus ``reward_weight`` times the group's
+task-reward advantage when the two are mixed (docs/algorithms.md, on-policy
+distillation).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class DistillConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    teacher: str | None = Field(
+        None,
+        description="The teacher: a model path or built-in alias, as --model.path takes. It "
+        "must share the student's tokenizer; it runs in the trainer's process, frozen.",
+    )
+    coef: float = Field(
+        1.0,
+        gt=0,
+        description="Scale of the per-token term log p_teacher - log p_student in the advantage.",
+    )
+    reward_weight: float = Field(
+        0.0,
+        ge=0,
+        description="Weight of the task reward's group advantage (GRPO's, reward minus group "
+        "mean over group std) added to every sampled token; 0 = distillation alone.",
+    )
+    teacher_eval: bool = Field(
+        True,
+        description="Evaluate the teacher on the held-out tasks once, before step 0 "
+        "(eval/teacher.json; eval/teacher_* in metrics.jsonl), beside the student's evals.",
+    )
+
+
+def check_distill(cfg: Any) -> None:
+    """Refuse a `[distill]` section without distillation, distillation without a teacher,
+    and what it does not support yet (ValueError: exit 2). ``cfg`` is the whole run
+    `Config`; whether the teacher loads and shares the tokenizer is checked when the
+    trainer is built."""
+    distilling = cfg.algo.advantage == "distill"
+    if not distilling:
+        # Changed from its default, not merely set: a dumped config holds every field.
+        if cfg.distill != DistillConfig():
+            raise ValueError(
+                f"[distill] is set but algo.advantage = {cfg.algo.advantage!r}: set "
+                "algo.advantage = 'distill' to distill from distill.teacher, or remove [distill]"
+            )
+        return
+    if not cfg.distill.teacher:
+        raise ValueError(
+            "algo.advantage = 'distill' needs distill.teacher: a model path or built-in alias"
+        )
+    if cfg.trainer.mode != "rl":
+        raise ValueError(
+            f"algo.advantage = 'distill' is an RL advantage; trainer.mode = "
+            f"{cfg.trainer.mode!r} does not use it (use trainer.mode = 'rl')"
+        )
+    if cfg.trainer.world_size > 1:
+        raise ValueError(
+            f"algo.advantage = 'distill' with trainer.world_size = {cfg.trainer.world_size}: "
+            "the teacher runs in one trainer process so far; use trainer.world_size = 1"
+        )
+    if cfg.algo.credit == "turn":
+        raise ValueError(
+            "algo.advantage = 'distill' gives every sampled token its own advantage already; "
+            "algo.credit = 'turn' has nothing to spread (use algo.credit = 'outcome')"
+        )
+    if cfg.orchestrator.refill:
+        raise ValueError(
+            "orchestrator.refill replaces groups of equal rewards, which GRPO cannot learn "
+            "from; with algo.advantage = 'distill' the teacher scores every token and every "
+            "group trains: set orchestrator.refill = false"
+        )

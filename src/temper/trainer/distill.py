@@ -1,0 +1,69 @@
+"""On-policy distillation in the trainer (``algo.advantage = "distill"``), mixed into
+`PolicyTrainer`.
+
+At each step's start the frozen teacher runs one forward over the step's
+trajectories (the same micro-batches, packing and images as the policy's own
+forwards) and scores the sampled tokens; `temper.algos.distill` turns its logprobs
+and the engine's into per-token advantages, which the policy loss then uses as
+full REINFORCE++'s or the critic's are used. The orchestrator left each
+trajectory's group advantage of the task reward in ``advantage`` (0 with
+``distill.reward_weight = 0``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from temper.algos.distill import distill_advantages, reverse_kl_sums
+from temper.records import Trajectory
+
+
+class Distillation:
+    """What `PolicyTrainer` adds for a teacher: its advantages and their metrics."""
+
+    # What the host class (`PolicyTrainer`) provides.
+    teacher: torch.nn.Module | None
+    distill: Any  # temper.config.distill.DistillConfig
+    device: torch.device
+    _logprobs_no_grad: Any  # (model, trajs, rows) -> {row: response-token logprobs}
+    _reduce_sums: Any  # per-process metric sums, combined
+
+    def _distill_advantages(
+        self, trajs: list[Trajectory], rows: list[int]
+    ) -> tuple[dict[int, torch.Tensor], dict[str, float]]:
+        """Per-token advantages [R_i] of ``trajs[i] for i in rows`` and the step's
+        distillation metrics: ``distill_reverse_kl`` (per sampled token, student to
+        teacher, on the student's samples) and both models' mean token logprob."""
+        assert self.teacher is not None, "algo.advantage = 'distill' needs the trainer's teacher"
+        teacher = self._logprobs_no_grad(self.teacher, trajs, rows)
+        per_row: dict[int, torch.Tensor] = {}
+        sums = {"distill_kl_sum": 0.0, "distill_tokens": 0.0, "distill_teacher_lp_sum": 0.0}
+        for i in rows:
+            t = trajs[i]
+            n = len(t.response_ids)
+            teacher_lp = teacher[i][:n].float()
+            student_lp = torch.tensor(t.behaviour_logprobs, dtype=torch.float32).to(self.device)
+            mask = torch.tensor(t.loss_mask, dtype=torch.float32).to(self.device)
+            per_row[i] = distill_advantages(
+                teacher_lp,
+                student_lp,
+                mask,
+                coef=self.distill.coef,
+                outcome_advantage=t.advantage,
+                reward_weight=self.distill.reward_weight,
+            )
+            kl, count = reverse_kl_sums(teacher_lp, student_lp, mask)
+            sums["distill_kl_sum"] += kl
+            sums["distill_tokens"] += count
+            sums["distill_teacher_lp_sum"] += float((teacher_lp * mask).sum())
+        sums = self._reduce_sums(sums)
+        tokens = max(sums["distill_tokens"], 1.0)
+        teacher_mean = sums["distill_teacher_lp_sum"] / tokens
+        stats = {
+            "distill_reverse_kl": sums["distill_kl_sum"] / tokens,
+            "distill_teacher_logprob": teacher_mean,
+            "distill_student_logprob": teacher_mean + sums["distill_kl_sum"] / tokens,
+        }
+        return per_row, stats

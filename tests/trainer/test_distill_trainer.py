@@ -1,0 +1,102 @@
+"""The teacher's advantages in `PolicyTrainer` (`temper.trainer.distill`) on the built-in
+model: teacher minus student on the sampled tokens, 0 on observations, the same packed
+or not, and a step that moves the student towards the teacher."""
+
+import copy
+
+import pytest
+import torch
+
+from fp32 import SAME_MATH
+from temper.algos import token_logprobs
+from temper.config.distill import DistillConfig
+from temper.config.schema import AlgoConfig, TrainerConfig
+from temper.models import load_model
+from temper.records import Trajectory
+from temper.trainer.policy_trainer import PolicyTrainer
+
+
+def _sharp(model):
+    """The model at temperature 1/2: its final norm doubled doubles every logit."""
+    teacher = copy.deepcopy(model)
+    with torch.no_grad():
+        teacher.model.norm.weight.mul_(2)
+    return teacher
+
+
+def _logprobs(model, prompt, response):
+    ids = torch.tensor([prompt + response])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1]
+    return token_logprobs(logits, torch.tensor(response))
+
+
+def _trajs(model):
+    """Two episodes whose middle tokens are observations (loss mask 0, behaviour 0.0);
+    the sampled tokens carry the student's own logprobs, as an engine records them."""
+    out = []
+    for i, (prompt, response, mask) in enumerate(
+        [
+            ([1, 87, 85, 20], [33, 41, 9, 12, 57, 64], [1, 1, 0, 0, 1, 1]),
+            ([1, 87, 85, 21], [71, 5, 18, 90, 44], [1, 0, 0, 1, 1]),
+        ]
+    ):
+        own = _logprobs(model, prompt, response).tolist()
+        behaviour = [lp if m else 0.0 for lp, m in zip(own, mask, strict=True)]
+        out.append(
+            Trajectory(
+                task_id=f"t{i}", group_id=i, prompt_ids=prompt, response_ids=response,
+                loss_mask=mask, behaviour_logprobs=behaviour, versions=[0] * len(response),
+                finish_reason="stop", advantage=0.5 - i,
+            )
+        )  # fmt: skip
+    return out
+
+
+def _trainer(model, teacher, distill=None, **trainer):
+    cfg = TrainerConfig(lr=1e-3, warmup_steps=0, **trainer)
+    algo = AlgoConfig(advantage="distill")
+    return PolicyTrainer(
+        model, cfg, algo, 5, 0, teacher=teacher, distill=distill or DistillConfig(teacher="x")
+    )
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_advantages_are_teacher_minus_student_on_sampled_tokens(packing):
+    model = load_model("tiny")
+    teacher = _sharp(model)
+    trajs = _trajs(model)
+    distill = DistillConfig(teacher="x", coef=0.5, reward_weight=0.2)
+    trainer = _trainer(model, teacher, distill, packing=packing)
+    adv, stats = trainer._distill_advantages(trajs, [0, 1])
+    kl_sum, count = 0.0, 0
+    for i, t in enumerate(trajs):
+        mask = torch.tensor(t.loss_mask, dtype=torch.float32)
+        gap = _logprobs(teacher, t.prompt_ids, t.response_ids) - torch.tensor(t.behaviour_logprobs)
+        expected = mask * (0.5 * gap + 0.2 * t.advantage)
+        torch.testing.assert_close(adv[i], expected, **SAME_MATH)
+        assert all(a == 0.0 for a, m in zip(adv[i].tolist(), t.loss_mask, strict=True) if not m)
+        kl_sum += float(-(gap * mask).sum())
+        count += int(mask.sum())
+    torch.testing.assert_close(stats["distill_reverse_kl"], kl_sum / count, **SAME_MATH)
+    assert stats["distill_reverse_kl"] > 0.05  # the sharper teacher is really elsewhere
+
+
+def test_a_step_lowers_the_reverse_kl_to_the_teacher():
+    model = load_model("tiny")
+    teacher = _sharp(model)
+    trajs = _trajs(model)
+    trainer = _trainer(model, teacher)
+    before = trainer._distill_advantages(trajs, [0, 1])[1]["distill_reverse_kl"]
+    for _ in range(3):
+        stats = trainer.train_step(trajs)
+        assert stats["grad_norm"] > 0
+        for t in trajs:  # the student's logprobs now, as the next samples would carry
+            own = _logprobs(model, t.prompt_ids, t.response_ids).tolist()
+            t.behaviour_logprobs = [
+                lp if m else 0.0 for lp, m in zip(own, t.loss_mask, strict=True)
+            ]
+    after = trainer._distill_advantages(trajs, [0, 1])[1]["distill_reverse_kl"]
+    assert after < 0.8 * before, (before, after)
+    # The teacher is frozen: its weights never took a step.
+    assert torch.equal(teacher.model.norm.weight, 2 * load_model("tiny").model.norm.weight)
