@@ -11,7 +11,7 @@ VLLM_TESTS := tests/engine/test_vllm_engine.py tests/orchestrator/test_vllm_runs
 	tests/rollout/test_multi_turn.py tests/trainer/test_policy_trainer.py \
 	tests/trainer/test_batching.py tests/engine/test_native_engine.py tests/engine/test_hf_engine.py \
 	tests/vision/test_vlm_vllm.py tests/vision/test_vlm_rollouts.py tests/models/test_tiny_vlm_vllm.py \
-	tests/serve/test_vllm_structured.py
+	tests/serve/test_vllm_structured.py tests/engine/test_vllm_lora.py
 export TOKENIZERS_PARALLELISM := false
 
 .PHONY: setup setup-vllm demo test test-vllm test-in-process test-fast lint format bench clean

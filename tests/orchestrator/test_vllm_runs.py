@@ -1,7 +1,8 @@
 """`temper train --engine.type=vllm`: sync, async and in a rollout worker (.venv-vllm).
 
 Every step's update reaches vLLM (the version moves and the trainer's logprobs of
-what vLLM sampled equal vLLM's own), whichever way the engine is placed.
+what vLLM sampled equal vLLM's own), whichever way the engine is placed, and with
+``[lora]`` as vLLM LoRA adapters.
 """
 
 from __future__ import annotations
@@ -43,8 +44,11 @@ def _metrics(root: Path, name: str, *extra: str) -> list[dict]:
         (),
         ("--orchestrator.max_staleness=1",),
         ("--orchestrator.backend=process", "--orchestrator.rollout_workers=1"),
+        # [lora]: each update is an adapter, which vLLM serves as a LoRA of its own.
+        ("--lora.rank=4",),
+        ("--lora.rank=4", "--orchestrator.max_staleness=1"),
     ],
-    ids=["sync", "async", "process-worker"],
+    ids=["sync", "async", "process-worker", "lora-sync", "lora-async"],
 )
 def test_training_on_vllm_publishes_every_update(tmp_path, extra):
     metrics = _metrics(tmp_path, "run", *extra)
@@ -52,8 +56,8 @@ def test_training_on_vllm_publishes_every_update(tmp_path, extra):
     assert [m["policy_version"] for m in metrics] == [1, 2, 3]
     asynchronous = "--orchestrator.max_staleness=1" in extra
     for m in metrics:
-        assert m["train_tokens"] > 0 and m["grad_norm"] > 0
-        assert m["staleness_max"] <= (1 if asynchronous else 0)
+        assert m["train_tokens"] > 0 and m["grad_norm"] > 0, m
+        assert m["staleness_max"] <= (1 if asynchronous else 0), m
         if not asynchronous:
             # vLLM sampled with the weights the trainer had: same logprobs, up to fp32 noise.
             assert m["train_infer_logprob_diff"] < 1e-4, m

@@ -257,7 +257,7 @@ def test_a_lora_run_resumes_exactly_and_exports(tmp_path):
         (["--lora.alpha=16"], "lora.rank"),
         (["--lora.rank=4", '--lora.target_modules=["q_proj", "qkv_proj"]'], "lora.target_modules"),
         (["--lora.rank=4", "--trainer.world_size=2"], "trainer.world_size"),
-        (["--lora.rank=4", "--engine.type=vllm"], "engine.type"),
+        (["--lora.rank=600", "--engine.type=vllm"], "vLLM takes ranks up to 512"),
     ],
     ids=["rank_0", "no_rank", "unknown_module", "fsdp2", "vllm"],
 )

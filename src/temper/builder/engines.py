@@ -69,6 +69,9 @@ def _vllm(cfg: Config, e: VLLMEngineConfig, model: RunModel) -> Engine:
         gpu_memory_utilization=e.gpu_memory_utilization,
         enable_sleep=e.sleep,
         max_num_seqs=e.max_slots,
+        # [lora]: adapter updates as vLLM LoRAs; requests in flight keep theirs.
+        adapter_versions=cfg.orchestrator.max_staleness + 1 if cfg.lora.enabled else 0,
+        max_lora_rank=cfg.lora.rank or 16,
     )
 
 

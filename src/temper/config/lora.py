@@ -97,8 +97,10 @@ def check_lora(cfg: Any) -> None:
             "one process so far (no FSDP2, tensor, pipeline or expert parallelism); use "
             "trainer.world_size = 1"
         )
-    if cfg.engine.type not in ("native", "hf"):
+    if cfg.engine.type not in ("native", "hf", "vllm"):
         raise ValueError(
             f"lora.rank with engine.type = {cfg.engine.type!r}: adapter updates reach the "
-            "native and hf engines so far; use engine.type = 'native' or 'hf'"
+            "native, hf and vllm engines; an endpoint takes no weight updates"
         )
+    if cfg.engine.type == "vllm" and lora.rank > 512:
+        raise ValueError(f"lora.rank = {lora.rank} with vLLM: vLLM takes ranks up to 512")

@@ -27,7 +27,9 @@ a constrained sample that a weight update interrupts starts over on the new
 weights, since its grammar cannot resume mid-way.
 
 Weights: `load_weights` receives a version from a `WeightTransport` and hands the
-tensors to every worker's ``reload_weights`` (in place, checkpoint names). Requests
+tensors to every worker's ``reload_weights`` (in place, checkpoint names); with
+``adapter_versions`` (``[lora]``) an adapter update becomes a vLLM LoRA instead, and
+calls in flight finish on their own version (`temper.engine.vllm_lora`). Requests
 in flight are aborted and re-queued first (their samples so far are kept; the
 rest continues on the new weights), the same ``interrupt`` rule as the native
 engine, whose requests finish their current step on the old weights. The
@@ -60,9 +62,11 @@ from temper.engine.base import (
     SamplingParams,
 )
 from temper.engine.requests import StopChecker, validate_prompt
+from temper.engine.vllm_lora import AdapterVersions, vllm_max_rank
 from temper.errors import ConfigError, TemperError
 from temper.vision.images import Image
 from temper.vision.processor import collapse_image_runs
+from temper.weights.adapter import is_adapter_update
 from temper.weights.transport import WeightTransport
 
 #: Most vLLM steps per hand-off to the compute thread.
@@ -92,6 +96,9 @@ class _Pending:
     # The prompt's images (PIL), in order; their token runs are already in `prompt`.
     images: list[Any] = field(default_factory=list)
     structured: Any = None  # vLLM's StructuredOutputsParams for `params.structured`
+    version: int = 0  # the weight version its tokens are sampled with now
+    lora: Any = None  # the LoRARequest of its adapter version (adapter updates)
+    adapter_version: int | None = None  # that version, while it holds it
 
 
 class VLLMEngine(EngineDefaults):
@@ -119,6 +126,8 @@ class VLLMEngine(EngineDefaults):
         gpu_memory_utilization: float = 0.5,
         enable_sleep: bool = False,
         max_num_seqs: int = 256,
+        adapter_versions: int = 0,
+        max_lora_rank: int = 16,
     ) -> None:
         if not vllm_available():
             raise ConfigError(
@@ -143,7 +152,12 @@ class VLLMEngine(EngineDefaults):
             gpu_memory_utilization=gpu_memory_utilization,
             enable_sleep=enable_sleep,
             max_num_seqs=max_num_seqs,
+            max_loras=adapter_versions,
+            max_lora_rank=vllm_max_rank(max_lora_rank),
         )
+        #: Adapter updates as vLLM LoRAs (`temper.engine.vllm_lora`), or None.
+        self._adapters = AdapterVersions(model_path) if adapter_versions else None
+        self._retired: list[int] = []  # vLLM LoRA ids to remove, on the compute thread
         model_config = self._llm.model_config
         self.max_context: int = int(model_config.max_model_len)
         self.vocab_size = int(model_config.get_vocab_size())
@@ -203,6 +217,10 @@ class VLLMEngine(EngineDefaults):
         pending.done_logprobs = [[] for _ in range(params.n)]
         pending.done_versions = [[] for _ in range(params.n)]
         pending.done_top = [[] for _ in range(params.n)]
+        pending.version = self.version
+        if self._adapters is not None:  # it keeps this adapter version until it ends
+            pending.adapter_version, pending.lora = self._adapters.use()
+            pending.future.add_done_callback(lambda _: self._release(pending))
         self._submit(pending)
         try:
             return await pending.future
@@ -234,7 +252,7 @@ class VLLMEngine(EngineDefaults):
             params = vllm_extras.request_params(
                 pending.params, i, left, pending.resumes, pending.structured
             )
-            queued.append((rid, prompt, params))
+            queued.append((rid, prompt, params, pending.lora))
             self._pending[rid] = pending
         if not queued:  # every sample was already complete when a weight update came
             pending.future.set_result(self._result(pending))
@@ -248,11 +266,22 @@ class VLLMEngine(EngineDefaults):
         with self._queue_lock:
             incoming, self._incoming = self._incoming, []
             aborts, self._aborts = self._aborts, []
-        for rid, prompt, params in incoming:
+            retired, self._retired = self._retired, []
+        for rid, prompt, params, lora in incoming:
             if rid not in aborts:
-                self._llm.add_request(rid, prompt, params)
+                self._llm.add_request(rid, prompt, params, lora_request=lora)
         if aborts:
             self._llm.abort_request(aborts)
+        for lora_id in retired:
+            self._llm.remove_lora(lora_id)
+
+    def _release(self, pending: _Pending) -> None:
+        """A call ended: its adapter version may go (removed at the next hand-off)."""
+        assert self._adapters is not None
+        self._adapters.release(pending.adapter_version)
+        pending.adapter_version = None
+        with self._queue_lock:
+            self._retired += self._adapters.retired()
 
     def _sample_finished(self, pending: _Pending, i: int) -> bool:
         ids = pending.done_ids[i]
@@ -337,7 +366,7 @@ class VLLMEngine(EngineDefaults):
         if pending is None or pending.future.done():
             return
         i = int(out.request_id.rsplit(".", 1)[1])
-        self._extend(pending, i, out.outputs[0], self.version)
+        self._extend(pending, i, out.outputs[0], pending.version)
         if any(p is pending for p in self._pending.values()):
             return  # other samples of this call are still running
         pending.future.set_result(self._result(pending))
@@ -375,13 +404,24 @@ class VLLMEngine(EngineDefaults):
         """Receive ``version`` and reload it into vLLM's model in place.
 
         Calls in flight are aborted in vLLM and re-queued from the tokens they
-        have, so every token records the version that sampled it.
+        have, so every token records the version that sampled it. An adapter
+        update (``[lora]``) is added as a vLLM LoRA instead: calls in flight finish
+        on their own adapter version, new calls take this one.
         """
         state_dict, got = transport.receive(version)
+        if self._adapters is not None and is_adapter_update(state_dict):
+            lora = self._adapters.add(state_dict, int(got))
+            compute.run(self._llm.add_lora, lora)
+            self.version = int(got)
+            with self._queue_lock:
+                self._retired += self._adapters.retired()
+            self._kick()
+            return
         in_flight = self._interrupt()
         compute.run(self._reload, state_dict)
         self.version = int(got)
         for pending in in_flight:
+            pending.version = self.version
             self._submit(pending)
 
     def _interrupt(self) -> list[_Pending]:
@@ -399,7 +439,7 @@ class VLLMEngine(EngineDefaults):
             if pending.future.done():
                 continue
             if pending.structured is None:  # a grammar cannot resume mid-way: start over
-                self._extend(pending, int(rid.rsplit(".", 1)[1]), partial, self.version)
+                self._extend(pending, int(rid.rsplit(".", 1)[1]), partial, pending.version)
             pending.resumes += 1
             if pending not in calls:
                 calls.append(pending)
@@ -446,6 +486,8 @@ class VLLMEngine(EngineDefaults):
         llm, self._llm = self._llm, None
         if llm is not None:
             compute.run(_shutdown, llm)
+        if self._adapters is not None:
+            self._adapters.close()
 
 
 # ---------------------------------------------------------------- helpers

@@ -61,6 +61,12 @@ def make_llm_engine(model_path: str, **opts: Any) -> Any:
         disable_log_stats=True,
         use_tqdm_on_load=opts["verbose"],
         structured_outputs_config={"backend": "xgrammar", "disable_any_whitespace": True},
+        # [lora]: adapter updates as LoRAs, max_staleness + 1 versions at once (one more
+        # cached while the oldest waits to be removed).
+        enable_lora=opts["max_loras"] > 0,
+        max_loras=max(opts["max_loras"], 1),
+        max_cpu_loras=max(opts["max_loras"], 1) + 1,
+        max_lora_rank=opts["max_lora_rank"],
     )
     return LLMEngine.from_engine_args(args)
 
