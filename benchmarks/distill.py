@@ -33,7 +33,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from lora_learning import run_train
+from lora_learning import accuracy_over_seeds, run_train
 
 
 def common(name: str, seed: int, args: argparse.Namespace, out: str) -> list[str]:
@@ -94,12 +94,8 @@ def read_run(run: Path) -> dict:
 def summarise(runs: list[dict]) -> dict:
     steps = sorted(runs[0]["accuracy"])
     return {
-        "accuracy_mean": {
-            s: round(statistics.mean(r["accuracy"][s] for r in runs), 4) for s in steps
-        },
-        "accuracy_per_seed": {s: [r["accuracy"][s] for r in runs] for s in steps},
+        **accuracy_over_seeds(runs),
         "tokens_mean": {s: round(statistics.mean(r["tokens"][s] for r in runs)) for s in steps},
-        "s_per_step": round(statistics.mean(r["s_per_step"] for r in runs), 3),
         "reverse_kl_first_last": [r["reverse_kl_first_last"] for r in runs],
     }
 

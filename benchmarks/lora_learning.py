@@ -82,15 +82,23 @@ def run_arm(rank: int | None, seed: int, args: argparse.Namespace, out: str) -> 
     return read_run(run_train(arm_args(rank, seed, args, out), out))
 
 
-def summarise(runs: list[dict]) -> dict:
+def accuracy_over_seeds(runs: list[dict]) -> dict:
+    """Per eval step: the seeds' mean held-out accuracy, each seed's, and s/step's mean."""
     steps = sorted(runs[0]["accuracy"])
     return {
         "accuracy_mean": {
             s: round(statistics.mean(r["accuracy"][s] for r in runs), 4) for s in steps
         },
         "accuracy_per_seed": {s: [r["accuracy"][s] for r in runs] for s in steps},
-        "final_accuracy_std": round(statistics.pstdev(r["accuracy"][steps[-1]] for r in runs), 4),
         "s_per_step": round(statistics.mean(r["s_per_step"] for r in runs), 3),
+    }
+
+
+def summarise(runs: list[dict]) -> dict:
+    last = max(runs[0]["accuracy"])
+    return {
+        **accuracy_over_seeds(runs),
+        "final_accuracy_std": round(statistics.pstdev(r["accuracy"][last] for r in runs), 4),
         "peak_rss_mb": round(max(r["peak_rss_mb"] for r in runs), 1),
     }
 
