@@ -161,7 +161,7 @@ class VLLMEngine(EngineDefaults):
         model_config = self._llm.model_config
         self.max_context: int = int(model_config.max_model_len)
         self.vocab_size = int(model_config.get_vocab_size())
-        self.eos_token_ids = _eos_ids(model_config.hf_config, tokenizer)
+        self.eos_token_ids = vllm_extras.eos_ids(model_config.hf_config, tokenizer)
         self.version: int = 0
         # A vision-language model takes images; its prompts carry them pre-expanded.
         hf_config = model_config.hf_config
@@ -374,10 +374,10 @@ class VLLMEngine(EngineDefaults):
     def _extend(self, pending: _Pending, i: int, comp: Any, version: int) -> None:
         ids = list(comp.token_ids)
         pending.done_ids[i] += ids
-        pending.done_logprobs[i] += _sampled_logprobs(comp, ids)
+        pending.done_logprobs[i] += vllm_extras.sampled_logprobs(comp, ids)
         pending.done_versions[i] += [version] * len(ids)
         if pending.params.top_logprobs:
-            pending.done_top[i] += _top_logprobs(comp, ids, pending.params.top_logprobs)
+            pending.done_top[i] += vllm_extras.top_logprobs(comp, ids, pending.params.top_logprobs)
 
     def _result(self, pending: _Pending) -> GenerationResult:
         samples = []
@@ -445,16 +445,16 @@ class VLLMEngine(EngineDefaults):
                 calls.append(pending)
         return calls
 
-    def _abort_running(self, rids: list[str]) -> dict[str, _SoFar]:
+    def _abort_running(self, rids: list[str]) -> dict[str, vllm_extras.SoFar]:
         """Abort those of ``rids`` still running in vLLM; what each had sampled so far."""
         states = {s.external_req_id: s for s in self._llm.output_processor.request_states.values()}
-        running = {rid: _SoFar(states[rid]) for rid in rids if rid in states}
+        running = {rid: vllm_extras.SoFar(states[rid]) for rid in rids if rid in states}
         if running:
             self._llm.abort_request(list(running))
         return running
 
     def _reload(self, state_dict: dict[str, torch.Tensor]) -> None:
-        items = _checkpoint_items(state_dict, self._llm.model_config.hf_config)
+        items = vllm_extras.checkpoint_items(state_dict, self._llm.model_config.hf_config)
         self._llm.collective_rpc(
             "reload_weights", kwargs={"weights_iterator": iter(items), "is_checkpoint_format": True}
         )
@@ -496,87 +496,6 @@ class VLLMEngine(EngineDefaults):
 def _shutdown(llm: Any) -> None:
     with contextlib.suppress(Exception):
         llm.engine_core.shutdown()
-
-
-def _sampled_logprobs(comp: Any, ids: list[int]) -> list[float]:
-    """The logprob of each sampled token, from vLLM's per-position dicts."""
-    out: list[float] = []
-    for tok, entry in zip(ids, comp.logprobs or [], strict=False):
-        lp = entry.get(tok) if entry else None
-        out.append(float(lp.logprob) if lp is not None else float("nan"))
-    return out + [float("nan")] * (len(ids) - len(out))
-
-
-def _top_logprobs(comp: Any, ids: list[int], k: int) -> list[dict[int, float]]:
-    """The k best alternatives at each position (vLLM adds the sampled token
-    when it is not among them: dropped here by its rank)."""
-    out: list[dict[int, float]] = []
-    for entry in list(comp.logprobs or [])[: len(ids)]:
-        best = sorted((entry or {}).items(), key=lambda kv: kv[1].rank or k + 1)
-        out.append({int(t): float(lp.logprob) for t, lp in best[:k]})
-    return out + [{} for _ in range(len(ids) - len(out))]
-
-
-class _SoFar:
-    """The tokens a running vLLM request has sampled so far, shaped like a finished output."""
-
-    def __init__(self, state: Any) -> None:
-        self.token_ids = list(state.detokenizer.output_token_ids)
-        logprobs = state.logprobs_processor.logprobs or []
-        self.logprobs = list(logprobs)[: len(self.token_ids)]
-
-
-def _checkpoint_items(state_dict: dict[str, torch.Tensor], hf_config: Any) -> list[tuple[str, Any]]:
-    """HF-named tensors for vLLM's loader; a tied ``lm_head`` is sent as itself too.
-
-    vLLM's CPU backend repacks linear weights (the lm_head included) into its own
-    layout at load; with tied embeddings its loader skips ``lm_head.weight``, so
-    the repacked head would keep the old weights. Sending the embedding under the
-    head's name as well makes the head reload.
-    """
-    items = [(_vllm_name(k, hf_config), v.detach()) for k, v in state_dict.items()]
-    if getattr(hf_config, "tie_word_embeddings", False):
-        embed = state_dict.get("model.embed_tokens.weight")
-        if embed is not None and "lm_head.weight" not in state_dict:
-            items.append(("lm_head.weight", embed.detach()))
-    return items
-
-
-#: Vision towers that transformers 5 keeps without their ``vision_model`` wrapper, while
-#: vLLM 0.32's copies (and checkpoints saved before transformers 5) have it.
-_WRAPPED_TOWERS = ("clip_vision_model", "siglip_vision_model")
-
-
-def _vllm_name(name: str, hf_config: Any) -> str:
-    """A trainer's in-memory tensor name as vLLM's loader reads it.
-
-    The one difference met so far: a LLaVA vision tower's ``model.vision_tower.X``
-    is ``model.vision_tower.vision_model.X`` to vLLM (its loader reports an unknown
-    name otherwise). Everything else passes through.
-    """
-    vision = getattr(hf_config, "vision_config", None)
-    prefix = "model.vision_tower."
-    if (
-        vision is not None
-        and getattr(vision, "model_type", None) in _WRAPPED_TOWERS
-        and name.startswith(prefix)
-        and not name.startswith(prefix + "vision_model.")
-    ):
-        return prefix + "vision_model." + name[len(prefix) :]
-    return name
-
-
-def _eos_ids(hf_config: Any, tokenizer: Any) -> set[int]:
-    ids: set[int] = set()
-    eos = getattr(hf_config, "eos_token_id", None)
-    if isinstance(eos, int):
-        ids.add(eos)
-    elif isinstance(eos, list):
-        ids.update(int(x) for x in eos)
-    tok_eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
-    if isinstance(tok_eos, int):
-        ids.add(tok_eos)
-    return ids
 
 
 __all__ = ["VLLMEngine", "vllm_available"]

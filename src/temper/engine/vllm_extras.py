@@ -10,6 +10,10 @@ both engines give the same ``<tool_call>{...}</tool_call>`` shape. A schema vLLM
 will not take is refused before it reaches vLLM (where a bad request would fail
 the whole batch), in one line naming the request field.
 
+Outputs and weights: the sampled tokens' logprobs and the top-k alternatives out of
+vLLM's per-position dicts, a running request's tokens so far (`SoFar`), the EOS ids,
+and a state dict's tensors under the names vLLM's loader reads (`checkpoint_items`).
+
 Console: vLLM logs about 60 info lines while it starts and shows a progress bar
 while it loads weights. Both stay off unless ``TEMPER_VERBOSE=1`` (vLLM's warnings
 still show; an explicit ``VLLM_LOGGING_LEVEL`` is honoured).
@@ -22,6 +26,8 @@ from __future__ import annotations
 import logging
 import os
 from typing import Any
+
+import torch
 
 from temper.engine.base import SamplingParams
 from temper.engine.structured import StructuredOutput, xgrammar_grammar
@@ -130,3 +136,87 @@ def structured_outputs(output: StructuredOutput | None) -> Any:
 
 
 __all__ = ["make_llm_engine", "request_params", "structured_outputs", "verbose"]
+
+
+# ---------------------------------------------------------------- outputs and weights
+
+
+def sampled_logprobs(comp: Any, ids: list[int]) -> list[float]:
+    """The logprob of each sampled token, from vLLM's per-position dicts."""
+    out: list[float] = []
+    for tok, entry in zip(ids, comp.logprobs or [], strict=False):
+        lp = entry.get(tok) if entry else None
+        out.append(float(lp.logprob) if lp is not None else float("nan"))
+    return out + [float("nan")] * (len(ids) - len(out))
+
+
+def top_logprobs(comp: Any, ids: list[int], k: int) -> list[dict[int, float]]:
+    """The k best alternatives at each position (vLLM adds the sampled token
+    when it is not among them: dropped here by its rank)."""
+    out: list[dict[int, float]] = []
+    for entry in list(comp.logprobs or [])[: len(ids)]:
+        best = sorted((entry or {}).items(), key=lambda kv: kv[1].rank or k + 1)
+        out.append({int(t): float(lp.logprob) for t, lp in best[:k]})
+    return out + [{} for _ in range(len(ids) - len(out))]
+
+
+class SoFar:
+    """The tokens a running vLLM request has sampled so far, shaped like a finished output."""
+
+    def __init__(self, state: Any) -> None:
+        self.token_ids = list(state.detokenizer.output_token_ids)
+        logprobs = state.logprobs_processor.logprobs or []
+        self.logprobs = list(logprobs)[: len(self.token_ids)]
+
+
+def checkpoint_items(state_dict: dict[str, torch.Tensor], hf_config: Any) -> list[tuple[str, Any]]:
+    """HF-named tensors for vLLM's loader; a tied ``lm_head`` is sent as itself too.
+
+    vLLM's CPU backend repacks linear weights (the lm_head included) into its own
+    layout at load; with tied embeddings its loader skips ``lm_head.weight``, so
+    the repacked head would keep the old weights. Sending the embedding under the
+    head's name as well makes the head reload.
+    """
+    items = [(vllm_name(k, hf_config), v.detach()) for k, v in state_dict.items()]
+    if getattr(hf_config, "tie_word_embeddings", False):
+        embed = state_dict.get("model.embed_tokens.weight")
+        if embed is not None and "lm_head.weight" not in state_dict:
+            items.append(("lm_head.weight", embed.detach()))
+    return items
+
+
+#: Vision towers that transformers 5 keeps without their ``vision_model`` wrapper, while
+#: vLLM 0.32's copies (and checkpoints saved before transformers 5) have it.
+WRAPPED_TOWERS = ("clip_vision_model", "siglip_vision_model")
+
+
+def vllm_name(name: str, hf_config: Any) -> str:
+    """A trainer's in-memory tensor name as vLLM's loader reads it.
+
+    The one difference met so far: a LLaVA vision tower's ``model.vision_tower.X``
+    is ``model.vision_tower.vision_model.X`` to vLLM (its loader reports an unknown
+    name otherwise). Everything else passes through.
+    """
+    vision = getattr(hf_config, "vision_config", None)
+    prefix = "model.vision_tower."
+    if (
+        vision is not None
+        and getattr(vision, "model_type", None) in WRAPPED_TOWERS
+        and name.startswith(prefix)
+        and not name.startswith(prefix + "vision_model.")
+    ):
+        return prefix + "vision_model." + name[len(prefix) :]
+    return name
+
+
+def eos_ids(hf_config: Any, tokenizer: Any) -> set[int]:
+    ids: set[int] = set()
+    eos = getattr(hf_config, "eos_token_id", None)
+    if isinstance(eos, int):
+        ids.add(eos)
+    elif isinstance(eos, list):
+        ids.update(int(x) for x in eos)
+    tok_eos = getattr(tokenizer, "eos_token_id", None) if tokenizer is not None else None
+    if isinstance(tok_eos, int):
+        ids.add(tok_eos)
+    return ids
