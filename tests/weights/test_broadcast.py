@@ -155,15 +155,20 @@ def test_broadcast_three_ranks_bitwise():
         ]
 
 
-def _bad_receiver_main(rank: int, world: int, port: int, queue, timeout_s: float, mode: str):
+def _bad_receiver_main(rank: int, world: int, port: int, queue, timeout_s: float, mode: str, gone):
     try:
         init(rank, world, port, timeout_s)
         if rank == 1:
             queue.put((rank, mode))
             # "dies": exits without receiving; "hangs": alive, never calls receive.
-            time.sleep(0.5 if mode == "dies" else timeout_s + 6)
+            # `gone` tells rank 0 that rank 1 has stopped taking part, so the sender
+            # publishes after that, whatever the machine's load (a condition, not a moment).
+            gone.set()
+            if mode == "hangs":
+                time.sleep(timeout_s + 6)
             os._exit(0)
-        time.sleep(1.5)
+        if not gone.wait(60):
+            raise RuntimeError("rank 1 never reached its bad-receiver mode")
         t = BroadcastTransport(bucket_bytes=1 << 16)
         t0 = time.monotonic()
         try:
@@ -179,7 +184,8 @@ def _bad_receiver_main(rank: int, world: int, port: int, queue, timeout_s: float
 @pytest.mark.parametrize("mode", ["dies", "hangs"])
 def test_bad_receiver_sender_errors_within_timeout(mode):
     timeout_s = 5.0
-    out = run_ranks(_bad_receiver_main, 2, timeout_s, mode, timeout=90)
+    gone = tmp.get_context("spawn").Event()
+    out = run_ranks(_bad_receiver_main, 2, timeout_s, mode, gone, timeout=90)
     kind, message, elapsed = out[0]
     assert kind == "error", out
     assert "weights version 1 failed" in message and "died or did not answer" in message
