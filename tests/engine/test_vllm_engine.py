@@ -66,21 +66,45 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def assert_parity(engine, got: torch.Tensor, want: torch.Tensor) -> None:
+def fp64_logprobs(model, prompt: list[int], ids: list[int]) -> torch.Tensor:
+    """The same forward in float64 (a copy): the yardstick for which side drifted."""
+    import copy
+
+    return hf_logprobs(copy.deepcopy(model).double(), prompt, ids).float()
+
+
+def assert_parity(engine, got: torch.Tensor, want: torch.Tensor, exact=None) -> None:
     """`ENGINE_PARITY`, and on failure what might explain it: one loaded fresh-clone run
     saw every test of this module miss it by up to 5e-3 (idle and other loaded runs pass
-    at about 1e-6), so the message records the engine's precision and the machine."""
-
-    def context(message: str) -> str:
-        llm = engine._llm
-        return (
-            f"{message}\n(vLLM dtype {llm.model_config.dtype}, KV cache "
-            f"{llm.vllm_config.cache_config.cache_dtype}; torch threads "
-            f"{torch.get_num_threads()}, affinity {sorted(os.sched_getaffinity(0))}, "
-            f"load {os.getloadavg()})"
+    at about 1e-6), so the message records the engine's precision, the
+    process's fp32 matmul settings, the KV blocks and the machine; with ``exact`` (the
+    ``(model, prompt, ids)`` of the reference forward) it also says which side is off
+    against the same forward in float64."""
+    if torch.allclose(got, want, **ENGINE_PARITY):
+        return
+    llm = engine._llm
+    lines = [
+        f"vLLM dtype {llm.model_config.dtype}, KV cache "
+        f"{llm.vllm_config.cache_config.cache_dtype}, "
+        f"{llm.vllm_config.cache_config.num_gpu_blocks} KV blocks",
+        f"torch threads {torch.get_num_threads()}, fp32 matmul precision "
+        f"{torch.get_float32_matmul_precision()!r}, mkldnn "
+        f"{getattr(torch.backends.mkldnn, 'fp32_precision', '?')!r}",
+        f"affinity {sorted(os.sched_getaffinity(0))}, load {os.getloadavg()}",
+        "env "
+        + str(
+            {k: v for k, v in os.environ.items() if k.startswith(("OMP", "ONEDNN", "DNNL", "VLLM"))}
+        ),
+    ]
+    if exact is not None:
+        ref = fp64_logprobs(*exact)
+        lines.append(
+            f"vs float64: vLLM off by {(got - ref).abs().max().item():.3g}, "
+            f"reference off by {(want - ref).abs().max().item():.3g}"
         )
-
-    torch.testing.assert_close(got, want, msg=context, **ENGINE_PARITY)
+    torch.testing.assert_close(
+        got, want, msg=lambda m: m + "\n(" + "; ".join(lines) + ")", **ENGINE_PARITY
+    )
 
 
 def test_samples_match_an_hf_forward_and_seeds_reproduce(engine, tok):
@@ -95,11 +119,17 @@ def test_samples_match_an_hf_forward_and_seeds_reproduce(engine, tok):
     assert len({tuple(s.token_ids) for s in first.samples}) > 1  # each sample its own stream
     for s in first.samples:
         assert s.policy_versions == [engine.version] * len(s.token_ids)
-        assert_parity(engine, torch.tensor(s.logprobs), hf_logprobs(model, prompt, s.token_ids))
+        assert_parity(
+            engine,
+            torch.tensor(s.logprobs),
+            hf_logprobs(model, prompt, s.token_ids),
+            (model, prompt, s.token_ids),
+        )
 
 
 def test_greedy_tokens_and_stop_rules_equal_the_native_engines(engine, tok):
-    native = NativeEngine(load_model(PATH), tok, seed=0)
+    model = load_model(PATH)
+    native = NativeEngine(model, tok, seed=0)
     im_end = tok.convert_tokens_to_ids("<|im_end|>")
     cases = [
         SamplingParams(temperature=0.0, max_new_tokens=40),
@@ -120,7 +150,12 @@ def test_greedy_tokens_and_stop_rules_equal_the_native_engines(engine, tok):
                 g, w = got.samples[0], want.samples[0]
                 assert g.token_ids == w.token_ids, (text, params)
                 assert (g.finish_reason, g.stop_reason) == (w.finish_reason, w.stop_reason)
-                assert_parity(engine, torch.tensor(g.logprobs), torch.tensor(w.logprobs))
+                assert_parity(
+                    engine,
+                    torch.tensor(g.logprobs),
+                    torch.tensor(w.logprobs),
+                    (model, prompt, g.token_ids),
+                )
         assert run(both(prompt_ids(tok), cases[1]))[0].samples[0].finish_reason == "length"
         assert len(run(both(prompt_ids(tok), cases[4]))[0].samples[0].token_ids) == 20
     finally:
@@ -167,7 +202,10 @@ def test_every_weight_update_reaches_vllm(engine, tok, fresh_weights):
         out = run(engine.generate(prompt, greedy)).samples[0]
         assert out.policy_versions == [version] * len(out.token_ids)
         assert_parity(
-            engine, torch.tensor(out.logprobs), hf_logprobs(trainer, prompt, out.token_ids)
+            engine,
+            torch.tensor(out.logprobs),
+            hf_logprobs(trainer, prompt, out.token_ids),
+            (trainer, prompt, out.token_ids),
         )
         assert out.logprobs != before.logprobs  # the update changed what vLLM computes
         before = out
@@ -206,6 +244,7 @@ def test_a_weight_update_mid_generation_resumes_each_sample(engine, tok, fresh_w
             engine,
             torch.tensor(s.logprobs[switch:]),
             hf_logprobs(trainer, head, s.token_ids[switch:]),
+            (trainer, head, s.token_ids[switch:]),
         )
 
 
