@@ -88,6 +88,9 @@ class Trajectory:
     #: The trainer's logprob of each response token on its first pass (before
     #: any update), for the train/inference mismatch; None until trained on.
     trainer_logprobs: list[float] | None = None
+    #: A distillation teacher's logprob of each response token, when a served teacher
+    #: scored it on the rollout side (`temper.rollout.remote_teacher`); None otherwise.
+    teacher_logprobs: list[float] | None = None
     #: The task's reference answer (what `temper inspect` shows as the target).
     answer: str | None = None
     #: Images, as ``[offset, sha256]`` pairs in order: the image's token run starts

@@ -12,7 +12,9 @@ import time
 import httpx
 import openai
 import pytest
+import torch
 
+from fp32 import ENGINE_PARITY
 from scripted_engine import ScriptedEngine
 from temper.cli.main import main as cli_main
 from temper.engine.native import NativeEngine
@@ -145,6 +147,44 @@ def test_completions_text_batch_and_ids(client, tokenizer):
     ids = tokenizer("Hello")["input_ids"]
     same = client.completions.create(model="tiny", prompt=ids, n=2, seed=5, max_tokens=6)
     assert [c.text for c in same.choices] == [c.text for c in r.choices]
+
+
+def test_echo_with_max_tokens_0_scores_the_prompt(client, tokenizer):
+    """OpenAI's legacy scoring request (vLLM answers it too): the prompt's own tokens'
+    logprobs, the first one null, equal to a forward of the served weights; a
+    distillation teacher behind `temper serve` is asked exactly this."""
+    ids = tokenizer("What is 12 + 30? The answer is 42.")["input_ids"]
+    r = client.completions.create(
+        model="tiny", prompt=[ids, ids[:5]], max_tokens=0, echo=True, logprobs=2,
+        extra_body={"return_token_ids": True},
+    )  # fmt: skip
+    first, short = r.choices
+    lp = first.logprobs
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    model = load_model("tiny")
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0, :-1]
+    want = torch.log_softmax(logits, -1).gather(1, torch.tensor([ids[1:]]).T)[:, 0]
+    torch.testing.assert_close(torch.tensor(lp.token_logprobs[1:]), want, **ENGINE_PARITY)
+    assert lp.tokens == [tokenizer.decode([t]) for t in ids]
+    assert all(len(alts) == 2 for alts in lp.top_logprobs[1:])
+    assert first.text == tokenizer.decode(ids) and first.finish_reason == "length"
+    assert first.model_extra["prompt_token_ids"] == ids and first.model_extra["token_ids"] == []
+    assert len(short.logprobs.token_logprobs) == 5
+    assert r.usage.prompt_tokens == len(ids) + 5 and r.usage.completion_tokens == 0
+    # A sequence that fills the whole context may be scored (nothing is generated).
+    full = client.completions.create(
+        model="tiny", prompt=[5] * 512, max_tokens=0, echo=True, logprobs=0
+    )
+    assert len(full.choices[0].logprobs.token_logprobs) == 512
+    for kwargs, param, words in [
+        ({"max_tokens": 3}, "echo", "echo=true is supported with max_tokens = 0"),
+        ({"max_tokens": 0, "stream": True}, "stream", "does not stream"),
+        ({"max_tokens": 0, "n": 2}, "n", "n must be 1"),
+    ]:
+        with pytest.raises(openai.BadRequestError) as info:
+            client.completions.create(model="tiny", prompt=ids, echo=True, **kwargs)
+        assert info.value.param == param and words in info.value.message, info.value.message
 
 
 def test_models_and_health(client, server):

@@ -12,11 +12,13 @@ import torch
 
 from temper.builder.model import RunModel
 from temper.config import Config
+from temper.config.distill import is_remote_teacher
 from temper.config.lora import LoraConfig
 from temper.devices import resolve_device
 from temper.errors import ConfigError, ModelLoadError
 from temper.models import load_model
 from temper.models.loader import is_vision_language, load_tokenizer
+from temper.rollout.remote_teacher import RemoteTeacher
 from temper.trainer.base import Trainer
 from temper.trainer.critic import Critic
 from temper.trainer.distributed import DistributedTrainer
@@ -77,7 +79,9 @@ def build_trainer(cfg: Config, policy: torch.nn.Module, model: RunModel, pad_id:
         assert model.images is not None  # a training run keeps its images
         pixels = pixel_source(model.vision, model.images)
     critic = build_critic(cfg, policy, device) if cfg.algo.advantage == "gae" else None
-    teacher = build_teacher(cfg, model, device) if cfg.algo.advantage == "distill" else None
+    # A served teacher (a URL) scores on the rollout side: the trainer holds none.
+    in_process = cfg.algo.advantage == "distill" and not is_remote_teacher(cfg.distill.teacher)
+    teacher = build_teacher(cfg, model, device) if in_process else None
     trainer_cfg, adapter = cfg.trainer, None
     if cfg.lora.enabled:
         if model.vision is not None:
@@ -141,6 +145,21 @@ def build_teacher(cfg: Config, model: RunModel, device: torch.device) -> torch.n
             f"is {kinds[model.vision is not None]}: the teacher sees what the student sees"
         )
     return load_model(path, dtype=torch.float32).to(device)
+
+
+def build_remote_teacher(cfg: Config, model: RunModel) -> RemoteTeacher | None:
+    """``distill.teacher`` when it is a server's URL: connected and checked against the
+    student's tokenizer (`temper.rollout.remote_teacher`); None otherwise."""
+    d = cfg.distill
+    if cfg.algo.advantage != "distill" or not is_remote_teacher(d.teacher):
+        return None
+    assert d.teacher is not None
+    if model.vision is not None:
+        raise ConfigError(
+            f"distill.teacher {d.teacher!r} is a server, and the student is a vision-language "
+            "model: a served teacher scores token ids only, not images; use a teacher path"
+        )
+    return RemoteTeacher.connect(d.teacher, model.tokenizer, d.teacher_model, d.teacher_timeout_s)
 
 
 def build_critic(cfg: Config, policy: torch.nn.Module, device: torch.device) -> Critic:

@@ -19,8 +19,17 @@ class DistillConfig(BaseModel):
 
     teacher: str | None = Field(
         None,
-        description="The teacher: a model path or built-in alias, as --model.path takes. It "
-        "must share the student's tokenizer; it runs in the trainer's process, frozen.",
+        description="The teacher: a model path or built-in alias, as --model.path takes (it "
+        "runs in the trainer's process, frozen), or the http(s) URL of an OpenAI-compatible "
+        "completions server that scores given tokens (echo = true, max_tokens = 0: temper "
+        "serve, vLLM), which the orchestrator asks about each trajectory. It must share the "
+        "student's tokenizer.",
+    )
+    teacher_model: str | None = Field(
+        None, description="With a URL teacher: the model id to ask for; default the first listed."
+    )
+    teacher_timeout_s: float = Field(
+        120.0, gt=0, description="With a URL teacher: seconds each scoring request may take."
     )
     coef: float = Field(
         1.0,
@@ -38,6 +47,11 @@ class DistillConfig(BaseModel):
         description="Evaluate the teacher on the held-out tasks once, before step 0 "
         "(eval/teacher.json; eval/teacher_* in metrics.jsonl), beside the student's evals.",
     )
+
+
+def is_remote_teacher(teacher: str | None) -> bool:
+    """Whether ``distill.teacher`` is a server's URL rather than a model path."""
+    return bool(teacher) and str(teacher).startswith(("http://", "https://"))
 
 
 def check_distill(cfg: Any) -> None:
@@ -66,7 +80,12 @@ def check_distill(cfg: Any) -> None:
     if cfg.trainer.world_size > 1:
         raise ValueError(
             f"algo.advantage = 'distill' with trainer.world_size = {cfg.trainer.world_size}: "
-            "the teacher runs in one trainer process so far; use trainer.world_size = 1"
+            "distillation trains in one trainer process so far; use trainer.world_size = 1"
+        )
+    if cfg.distill.teacher_model and not is_remote_teacher(cfg.distill.teacher):
+        raise ValueError(
+            "distill.teacher_model names the model of a URL teacher; distill.teacher "
+            f"{cfg.distill.teacher!r} is a model path"
         )
     if cfg.algo.credit == "turn":
         raise ValueError(

@@ -165,7 +165,8 @@ def resolve_paths(data: dict[str, Any], base: Path) -> None:
             data["dpo"][key] = _absolute(data["dpo"][key], base)
     for name, key in (("model", "path"), ("distill", "teacher")):
         model_path = section(name).get(key)
-        if model_path is not None and model_path not in MODEL_ALIASES:
+        remote = isinstance(model_path, str) and model_path.startswith(("http://", "https://"))
+        if model_path is not None and model_path not in MODEL_ALIASES and not remote:
             data[name][key] = _absolute(model_path, base)
     if "train_from" in section("orchestrator"):
         orch = data["orchestrator"]

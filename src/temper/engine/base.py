@@ -191,6 +191,8 @@ class EngineAbilities:
     - `structured_outputs`: the engine enforces `SamplingParams.structured`
       itself (vLLM's structured outputs); without it, callers send the
       constraint as `logits_processors` instead.
+    - `scoring`: `score` returns the logprobs of given tokens (``echo``
+      completions in `temper serve`; a distillation teacher behind it).
     """
 
     weight_updates: bool = True
@@ -200,6 +202,18 @@ class EngineAbilities:
     stream: bool = False
     images: bool = False
     structured_outputs: bool = False
+    scoring: bool = False
+
+
+@dataclass
+class TokenScores:
+    """What `Engine.score` returns for ids ``x_0 .. x_{L-1}``: ``logprobs[i]`` is
+    log p(x_{i+1} | x_0..x_i) under the current weights (L - 1 values; the first
+    token has none), raw (no temperature), with the ``top_logprobs`` most likely ids
+    at each of those positions when asked for."""
+
+    logprobs: list[float]
+    top_logprobs: list[dict[int, float]] | None = None
 
 
 @runtime_checkable
@@ -258,6 +272,11 @@ class Engine(Protocol):
         """Counters to log with the step (empty without `abilities.metrics`)."""
         ...
 
+    async def score(self, token_ids: Sequence[int], top_logprobs: int = 0) -> TokenScores:
+        """The logprob of each of ``token_ids`` after the first, given the ones before
+        it (only with `abilities.scoring`)."""
+        ...
+
     async def close(self) -> None:
         """Stop background work and free memory."""
         ...
@@ -294,3 +313,6 @@ class EngineDefaults:
 
     def metrics(self) -> dict[str, float]:
         return {}
+
+    async def score(self, token_ids: Sequence[int], top_logprobs: int = 0) -> TokenScores:
+        raise ConfigError(f"{type(self).__name__} cannot score given tokens")

@@ -35,9 +35,10 @@ from temper.engine.base import (
     GenerationResult,
     SampleOutput,
     SamplingParams,
+    TokenScores,
 )
-from temper.engine.requests import StopChecker, eos_token_ids, validate_prompt
-from temper.engine.sampling import row_processors, top_alternatives
+from temper.engine.requests import StopChecker, eos_token_ids, validate_prompt, validate_scored
+from temper.engine.sampling import row_processors, token_scores, top_alternatives
 from temper.errors import TemperError
 from temper.vision.images import Image
 from temper.vision.processor import VisionProcessor
@@ -61,7 +62,7 @@ class HFEngine(EngineDefaults):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.vision = vision
-        self.abilities = EngineAbilities(images=vision is not None)
+        self.abilities = EngineAbilities(images=vision is not None, scoring=vision is None)
         text_config = model.config.get_text_config()
         limit = int(getattr(text_config, "max_position_embeddings", 0) or 2048)
         self.max_context: int = min(limit, max_context) if max_context else limit
@@ -89,6 +90,18 @@ class HFEngine(EngineDefaults):
         return await loop.run_in_executor(
             compute.executor(), self._generate, prompt, params, list(images)
         )
+
+    async def score(self, token_ids: Seq[int], top_logprobs: int = 0) -> TokenScores:
+        """Logprobs of given ids (`Engine.score`): one forward of the HF model."""
+        ids = validate_scored(token_ids, self.max_context, self.vocab_size)
+
+        def forward() -> TokenScores:
+            with self._lock, torch.no_grad():
+                x = torch.tensor(ids, device=self.model.device)
+                logits = self.model(input_ids=x.view(1, -1)).logits[0]
+                return TokenScores(*token_scores(logits, x, top_logprobs))
+
+        return await compute.arun(forward)
 
     def load_weights(self, transport: WeightTransport, version: int) -> None:
         """Receive ``version``; ``load_state_dict(strict=False)`` on the compute thread.

@@ -271,6 +271,22 @@ class LlamaFamilyModel:
             x = self._mlp_out(layer, x, attn.transpose(1, 2).reshape(n, length, h * d))
         raise AssertionError("unreachable: the model has no layers")
 
+    def all_logits(self, token_ids: torch.Tensor) -> torch.Tensor:
+        """float32 logits ``[L, vocab]`` at every position of one sequence ``[L]``, with
+        no cache: scoring given tokens (``echo`` completions, a distillation teacher)."""
+        length = token_ids.shape[0]
+        h, hk, d = self.num_heads, self.num_kv_heads, self.head_dim
+        x = F.embedding(token_ids.view(1, length), self.embed)
+        rope = self.rope[:length].view(1, length, 1, d // 2)
+        for layer in self.layers:
+            qkv = self._qkv(layer, x, rope).transpose(1, 2)  # [1, heads, L, D]
+            q, k, v = qkv[:, :h], qkv[:, h : h + hk], qkv[:, h + hk :]
+            attn = F.scaled_dot_product_attention(
+                q, k, v, is_causal=True, scale=self.scale, enable_gqa=h != hk
+            )
+            x = self._mlp_out(layer, x, attn.transpose(1, 2).reshape(1, length, h * d))
+        return self._logits(x[0])
+
     def _last_layer(
         self,
         layer: dict[str, Any],

@@ -63,6 +63,7 @@ from temper.engine.base import (
     EngineDefaults,
     GenerationResult,
     SamplingParams,
+    TokenScores,
     TokenUpdate,
 )
 from temper.engine.image_encoder import (
@@ -81,8 +82,9 @@ from temper.engine.requests import (
     StopChecker,
     eos_token_ids,
     validate_prompt,
+    validate_scored,
 )
-from temper.engine.sampling import row_processors, stream_key
+from temper.engine.sampling import row_processors, stream_key, token_scores
 from temper.engine.worker import EngineStats, Step, StepResult, StepRunner
 from temper.errors import ModelLoadError, TemperError
 from temper.vision.images import Image
@@ -166,12 +168,11 @@ class NativeEngine(EngineDefaults):
                 self._model.dtype,
                 self._model.device,
             )
+        text_only = self._encoder is None  # scoring takes no images
         self.abilities = EngineAbilities(
-            weight_updates=True,
-            release_memory=True,
-            stream=True,
-            images=self._encoder is not None,
-        )
+            weight_updates=True, release_memory=True, stream=True, images=not text_only,
+            scoring=text_only,
+        )  # fmt: skip
         self.max_context: int = self._model.max_context
         self.max_slots = max_slots
         self.max_prefill_tokens = max_prefill_tokens
@@ -300,6 +301,18 @@ class NativeEngine(EngineDefaults):
             yield TokenUpdate(result=await task)
         finally:
             task.cancel()
+
+    async def score(self, token_ids: Seq[int], top_logprobs: int = 0) -> TokenScores:
+        """Logprobs of given ids (`Engine.score`): one cache-free forward on the compute
+        thread, under the weights lock, so it never sees half an update."""
+        ids = validate_scored(token_ids, self.max_context, self._model.vocab_size)
+
+        def forward() -> TokenScores:
+            with self._lock, torch.inference_mode():
+                x = torch.tensor(ids, device=self._model.device)
+                return TokenScores(*token_scores(self._model.all_logits(x), x, top_logprobs))
+
+        return await compute.arun(forward)
 
     def load_weights(self, transport: WeightTransport, version: int) -> None:
         """Receive ``version`` (HF names, a subset is fine) and copy it into the engine.

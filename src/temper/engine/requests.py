@@ -37,13 +37,30 @@ def validate_prompt(
             f"prompt has {len(prompt)} tokens but the engine context is {max_context} tokens "
             f"(prompt must be shorter than the context to leave room for generation)"
         )
+    return _in_vocabulary(prompt, vocab_size, "prompt")
+
+
+def _in_vocabulary(ids: list[int], vocab_size: int | None, what: str) -> list[int]:
     if vocab_size is not None:
-        bad = [t for t in prompt if not 0 <= t < vocab_size]
+        bad = [t for t in ids if not 0 <= t < vocab_size]
         if bad:
             raise TemperError(
-                f"prompt token id {bad[0]} is outside the model vocabulary [0, {vocab_size})"
+                f"{what} token id {bad[0]} is outside the model vocabulary [0, {vocab_size})"
             )
-    return prompt
+    return ids
+
+
+def validate_scored(token_ids: Seq[int], max_context: int, vocab_size: int | None) -> list[int]:
+    """`validate_prompt` for ids to score (`Engine.score`): up to the whole context,
+    and at least two ids (the first has no logprob)."""
+    ids = [int(t) for t in token_ids]
+    if len(ids) < 2:
+        raise TemperError(f"{len(ids)} token id(s) to score: scoring needs at least 2")
+    if len(ids) > max_context:
+        raise PromptTooLongError(
+            f"{len(ids)} tokens to score but the engine context is {max_context} tokens"
+        )
+    return _in_vocabulary(ids, vocab_size, "scored")
 
 
 def eos_token_ids(model: Any) -> frozenset[int]:

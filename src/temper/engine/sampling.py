@@ -169,6 +169,20 @@ def top_alternatives(logprobs: torch.Tensor, wanted: Sequence[int]) -> list[dict
     return [dict(zip(ids_l[r][:n], vals_l[r][:n], strict=True)) for r, n in enumerate(wanted)]
 
 
+def token_scores(
+    logits: torch.Tensor, token_ids: torch.Tensor, top_logprobs: int = 0
+) -> tuple[list[float], list[dict[int, float]] | None]:
+    """From float32 ``logits [L, V]`` of ids ``token_ids [L]``: each next id's raw
+    logprob (L - 1 values) and, with ``top_logprobs``, the top ids at each position."""
+    logprobs = torch.log_softmax(logits[:-1].float(), dim=-1)
+    chosen = logprobs.gather(1, token_ids[1:].view(-1, 1))[:, 0].tolist()
+    if not top_logprobs:
+        return chosen, None
+    if not chosen:
+        return chosen, []
+    return chosen, top_alternatives(logprobs, [top_logprobs] * logprobs.shape[0])
+
+
 def sample(
     logits: torch.Tensor,
     params: RowParams,

@@ -34,7 +34,7 @@ from temper.builder.tasks import (
     build_run_tasks,
     build_sft_rows,
 )
-from temper.builder.trainer import build_trainer
+from temper.builder.trainer import build_remote_teacher, build_trainer
 from temper.config import Config
 from temper.errors import ConfigError
 from temper.eval.harness import CORRECT_RULES, evaluate
@@ -160,9 +160,11 @@ class Orchestrator:
                 raise ConfigError("trainer.mode = 'sft' trains text models only so far")
             rows = build_sft_rows(cfg, self.model.tokenizer, self.backend.max_context)
             return SFTSteps(cfg, self.trainer, self.backend, rows)
+        teacher = build_remote_teacher(cfg, self.model)  # distill.teacher = URL, or None
         return RLStep(
-            cfg, self.trainer, self.backend, self.sampler, self.health, self._system_metrics
-        )
+            cfg, self.trainer, self.backend, self.sampler, self.health, self._system_metrics,
+            teacher=teacher,
+        )  # fmt: skip
 
     def _dpo_steps(self, cfg: Config) -> DPOSteps | OnlineDPORounds:
         if self.model.vision is not None or not self.trainer.abilities.preference:

@@ -4,7 +4,9 @@
   from the background (async, `temper.orchestrator.async_rollouts`), or generated
   now (`temper.orchestrator.collect`, with refill). The task sampler sees every
   group generated.
-- **advantages**: each kept trajectory's advantage (`temper.orchestrator.advantages`).
+- **advantages**: each kept trajectory's advantage (`temper.orchestrator.advantages`);
+  a served distillation teacher (``distill.teacher = URL``) then scores their tokens
+  (`temper.rollout.remote_teacher`).
 - **train**: the engine frees its memory when it shares the machine (synchronous
   runs), the trainer updates the policy; a health check with action "skip" may
   undo the update before anything is published.
@@ -40,6 +42,7 @@ from temper.orchestrator.step_metrics import (
     staleness_metrics,
 )
 from temper.records import Trajectory
+from temper.rollout.remote_teacher import RemoteTeacher
 from temper.rollout.sources import Groups
 from temper.trainer.base import Trainer
 
@@ -71,8 +74,11 @@ class RLStep:
         sampler: TaskSampler,
         health: HealthMonitor,
         system_metrics: Callable[[list[Trajectory]], dict[str, Any]],
+        teacher: RemoteTeacher | None = None,
     ) -> None:
         self.cfg, self.trainer, self.backend, self.sampler = cfg, trainer, backend, sampler
+        #: A served distillation teacher: it scores the kept trajectories before training.
+        self.teacher = teacher
         self.health, self.system_metrics = health, system_metrics
         self.async_rollouts: AsyncRollouts | None = None
         #: This step's alerts when they were checked before publishing (a "skip" check).
@@ -85,6 +91,9 @@ class RLStep:
         flat = [t for g in generated for t in g]
         t_collected = time.perf_counter()
         kept, dropped = self.advantages(groups)
+        if self.teacher is not None and self.trains(kept):
+            with stage("teacher"):
+                await self.teacher.score(kept)
         train_stats, snapshot, asleep = await self.train(kept)
         t_trained = time.perf_counter()
         await self.publish(

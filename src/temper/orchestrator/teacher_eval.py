@@ -2,7 +2,8 @@
 
 A distillation run (``algo.advantage = "distill"``) shows the teacher beside the
 student: the same held-out tasks, sampling and reward as the student's evals, on an
-engine of the run's engine type that loads ``distill.teacher``. The result goes to
+engine of the run's engine type that loads ``distill.teacher`` (a served teacher:
+an ``openai`` engine on its URL). The result goes to
 ``eval/teacher.json`` and, prefixed ``eval/teacher_``, into ``metrics.jsonl`` at
 step 0; the engine is closed before the student's first eval starts.
 """
@@ -17,14 +18,27 @@ from temper.builder.model import load_run_model
 from temper.builder.rollouts import build_rollouts
 from temper.builder.tasks import RunTasks
 from temper.config import Config
+from temper.config.distill import is_remote_teacher
+from temper.config.engine import OpenAIEngineConfig
 from temper.eval.harness import evaluate
 from temper.records import Task
+from temper.rollout.remote_teacher import completions_url
 
 
 def teacher_config(cfg: Config) -> Config:
-    """``cfg`` with the teacher as its model (the same engine, data and reward)."""
-    assert cfg.distill.teacher is not None  # check_distill
-    model = cfg.model.model_copy(update={"path": cfg.distill.teacher})
+    """``cfg`` with the teacher as its model (the same engine, data and reward). A
+    served teacher (a URL) is asked through an ``openai`` engine instead, with the
+    student's tokenizer (which the teacher shares: `temper.rollout.remote_teacher`)."""
+    d = cfg.distill
+    assert d.teacher is not None  # check_distill
+    if is_remote_teacher(d.teacher):
+        engine = OpenAIEngineConfig(
+            base_url=completions_url(d.teacher),
+            model_name=d.teacher_model,
+            timeout_s=d.teacher_timeout_s,
+        )
+        return cfg.model_copy(update={"engine": engine})
+    model = cfg.model.model_copy(update={"path": d.teacher})
     return cfg.model_copy(update={"model": model})
 
 

@@ -58,6 +58,7 @@ from temper.serve import protocol as P
 from temper.serve.grammar import Grammars
 from temper.serve.limits import CLOSE, BodyError, HTTPLimits, read_body
 from temper.serve.protocol import APIError
+from temper.serve.scoring import echo_choices
 from temper.serve.streaming import Chunks, chat_events, completion_events, merged, whole
 from temper.vision.images import Image, ImageError, UntrustedImages
 from temper.vision.prompting import PromptImages
@@ -123,9 +124,12 @@ class OpenAIServer:
             )
         return ids
 
-    def _check_fits(self, ids: list[int], param: str) -> None:
+    def _check_fits(self, ids: list[int], param: str, scoring: bool = False) -> None:
+        """A prompt must leave room to generate; one only scored may fill the context."""
         if not ids:
             raise APIError(f"{param} renders to zero tokens", param=param)
+        if scoring and len(ids) <= self.engine.max_context:
+            return
         if len(ids) >= self.engine.max_context:
             raise APIError(
                 f"{param} is {len(ids)} tokens, but the model context is "
@@ -395,9 +399,19 @@ class OpenAIServer:
                 ids = self._encode(prompt, True, where)
             else:
                 ids = self._check_ids(list(prompt), where)
-            self._check_fits(ids, where)
+            self._check_fits(ids, where, scoring=bool(req.echo))
             prompts.append(ids)
         top = req.logprobs or 0
+        if req.echo:  # max_tokens = 0 (checked): the prompts' own logprobs
+            try:
+                choices = await echo_choices(self, prompts, top, want_logprobs)
+            except (TemperError, ValueError) as exc:
+                raise _refusal(exc) from None
+            for choice, ids in zip(choices, prompts, strict=True):
+                if req.return_token_ids:
+                    choice.update(prompt_token_ids=ids, token_ids=[], stop_reason=None)
+            empty = [GenerationResult(ids, []) for ids in prompts]
+            return self._envelope("cmpl", "text_completion", choices, empty)
         params = [
             P.sampling_params(req, len(ids), self.engine.max_context, top_logprobs=top)
             for ids in prompts

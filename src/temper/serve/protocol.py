@@ -437,10 +437,21 @@ def completion_prompts(prompt: Any) -> list[tuple[str, str | list[int]]]:
 
 
 def check_completion_extras(req: CompletionRequest) -> bool:
-    """Refuse echo/suffix/best_of; return whether to include logprobs (``req.logprobs``
+    """Refuse suffix, best_of and echo other than scoring (``max_tokens = 0``); return whether to include logprobs (``req.logprobs``
     alternatives per token)."""
-    if req.echo:
-        raise APIError("echo=true is not supported by this server", param="echo")
+    if req.echo:  # scoring: the logprobs of the prompt's own tokens, nothing generated
+        if req.max_tokens != 0:
+            raise APIError(
+                "echo=true is supported with max_tokens = 0: the server scores the prompt's "
+                f"tokens and generates none (got max_tokens = {req.max_tokens})",
+                param="echo",
+            )
+        if req.stream:
+            raise APIError("echo=true with max_tokens = 0 does not stream", param="stream")
+        if req.n != 1:
+            raise APIError(
+                f"echo=true scores each prompt once: n must be 1, got {req.n}", param="n"
+            )
     if req.suffix:
         raise APIError("suffix is not supported by this server", param="suffix")
     if req.best_of is not None and req.best_of != req.n:

@@ -3,7 +3,9 @@
 
 At each step's start the frozen teacher runs one forward over the step's
 trajectories (the same micro-batches, packing and images as the policy's own
-forwards) and scores the sampled tokens; `temper.algos.distill` turns its logprobs
+forwards) and scores the sampled tokens, or, with a served teacher
+(``distill.teacher = URL``), the scores it gave on the rollout side are read from
+`Trajectory.teacher_logprobs`; `temper.algos.distill` turns its logprobs
 and the engine's into per-token advantages, which the policy loss then uses as
 full REINFORCE++'s or the critic's are used. The orchestrator left each
 trajectory's group advantage of the task reward in ``advantage`` (0 with
@@ -17,7 +19,20 @@ from typing import Any
 import torch
 
 from temper.algos.distill import distill_advantages, reverse_kl_sums
+from temper.errors import TemperError
 from temper.records import Trajectory
+
+
+def served_logprobs(t: Trajectory, device: torch.device) -> torch.Tensor:
+    """A served teacher's logprobs of ``t``'s response tokens (`Trajectory.teacher_logprobs`)."""
+    got = t.teacher_logprobs if t.teacher_logprobs is not None else []
+    if len(got) != len(t.response_ids):
+        raise TemperError(
+            f"trajectory {t.task_id}: {len(got)} teacher logprobs for {len(t.response_ids)} "
+            "response tokens; algo.advantage = 'distill' needs a teacher in the trainer or "
+            "one that scored every trajectory (distill.teacher = URL)"
+        )
+    return torch.tensor(got, dtype=torch.float32, device=device)
 
 
 class Distillation:
@@ -36,8 +51,10 @@ class Distillation:
         """Per-token advantages [R_i] of ``trajs[i] for i in rows`` and the step's
         distillation metrics: ``distill_reverse_kl`` (per sampled token, student to
         teacher, on the student's samples) and both models' mean token logprob."""
-        assert self.teacher is not None, "algo.advantage = 'distill' needs the trainer's teacher"
-        teacher = self._logprobs_no_grad(self.teacher, trajs, rows)
+        if self.teacher is not None:
+            teacher = self._logprobs_no_grad(self.teacher, trajs, rows)
+        else:  # a served teacher scored them on the rollout side (distill.teacher = URL)
+            teacher = {i: served_logprobs(trajs[i], self.device) for i in rows}
         per_row: dict[int, torch.Tensor] = {}
         sums = {"distill_kl_sum": 0.0, "distill_tokens": 0.0, "distill_teacher_lp_sum": 0.0}
         for i in rows:
