@@ -6,26 +6,11 @@ evaluated beside the student, async runs train, and bad teachers are one line, e
 
 import json
 import math
-import shutil
 
 import pytest
 
+from distill_helpers import SHORT, swapped_digits_model
 from temper.cli.main import main
-from temper.models import resolve_model_path
-
-SHORT = [
-    "--algo.advantage=distill",
-    "--trainer.warmup_steps=0",
-    "--eval.size=8",
-    "--eval.k=1",
-    "--eval.every=0",
-    "--log.progress=false",
-    "--checkpoint.at_end=false",
-    "--checkpoint.keep_best=false",
-    "--orchestrator.prompts_per_step=4",
-    "--orchestrator.group_size=2",
-    "--orchestrator.max_response_tokens=16",
-]
 
 
 def _rows(path):
@@ -149,13 +134,7 @@ def _error_lines(capsys):
 @pytest.fixture(scope="module")
 def other_tokenizer(tmp_path_factory):
     """The tiny model with the ids of "1" and "2" swapped in its tokenizer."""
-    folder = tmp_path_factory.mktemp("other") / "tiny"
-    shutil.copytree(resolve_model_path("tiny"), folder)
-    spec = json.loads((folder / "tokenizer.json").read_text())
-    vocab = spec["model"]["vocab"]
-    vocab["1"], vocab["2"] = vocab["2"], vocab["1"]
-    (folder / "tokenizer.json").write_text(json.dumps(spec))
-    return folder
+    return swapped_digits_model(tmp_path_factory.mktemp("other") / "tiny")
 
 
 def test_a_teacher_with_another_tokenizer_is_one_line_exit_2(tmp_path, capsys, other_tokenizer):

@@ -7,47 +7,42 @@ tokenizer, one that does not answer and a VLM student are one line, exit 2."""
 from __future__ import annotations
 
 import json
-import shutil
+import select
 import subprocess
 import sys
+import tempfile
 from contextlib import contextmanager
 
 import pytest
 
+from distill_helpers import SHORT, swapped_digits_model
 from temper.cli.main import main
-from temper.models import resolve_model_path
-
-SHORT = [
-    "--algo.advantage=distill",
-    "--trainer.warmup_steps=0",
-    "--eval.size=8",
-    "--eval.k=1",
-    "--eval.every=0",
-    "--log.progress=false",
-    "--checkpoint.at_end=false",
-    "--checkpoint.keep_best=false",
-    "--orchestrator.prompts_per_step=4",
-    "--orchestrator.group_size=2",
-    "--orchestrator.max_response_tokens=16",
-]
 
 
 @contextmanager
 def served(model: str):
     """`temper serve --model MODEL` on a free port; yields its base URL. The server
     prints the URL once it accepts connections, so reading that line is the wait."""
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "temper.cli.main", "serve", "--model", model, "--port", "0",
-         "--served-model-name", "teacher"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        line = proc.stdout.readline()
-        assert " at http://127.0.0.1:" in line, (line, proc.stderr.read() if not line else "")
-        yield line.rsplit(" at ", 1)[1].strip()
-    finally:
-        proc.kill()
-        proc.wait()
+    # Its log goes to a file: an unread stderr pipe would fill and stall the server.
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "temper.cli.main", "serve", "--model", model, "--port",
+             "0", "--served-model-name", "teacher"],
+            stdout=subprocess.PIPE, stderr=log, text=True,
+        )  # fmt: skip
+        try:
+            # The URL line is the condition; 120 s its deadline (a server that never
+            # starts fails here instead of hanging the suite).
+            ready, _, _ = select.select([proc.stdout], [], [], 120)
+            assert ready, "temper serve printed no URL in 120 s"
+            line = proc.stdout.readline()
+            if " at http://127.0.0.1:" not in line:
+                log.seek(0)
+                raise AssertionError(f"temper serve did not start: {line!r} {log.read()[-2000:]}")
+            yield line.rsplit(" at ", 1)[1].strip()
+        finally:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -88,13 +83,7 @@ def test_a_served_teacher_equal_to_the_student_gives_no_reverse_kl(tmp_path, tea
 @pytest.fixture(scope="module")
 def other_tokenizer(tmp_path_factory):
     """The tiny model with the ids of "1" and "2" swapped in its tokenizer."""
-    folder = tmp_path_factory.mktemp("other") / "tiny"
-    shutil.copytree(resolve_model_path("tiny"), folder)
-    spec = json.loads((folder / "tokenizer.json").read_text())
-    vocab = spec["model"]["vocab"]
-    vocab["1"], vocab["2"] = vocab["2"], vocab["1"]
-    (folder / "tokenizer.json").write_text(json.dumps(spec))
-    return folder
+    return swapped_digits_model(tmp_path_factory.mktemp("other") / "tiny")
 
 
 def test_bad_served_teachers_are_one_line_exit_2(tmp_path, capsys, other_tokenizer, teacher_url):
