@@ -45,7 +45,7 @@ class EndpointError(TemperError):
     """The endpoint could not be reached, refused a request, or answered nonsense."""
 
 
-def _models(base_url: str, api_key: str, timeout_s: float) -> list[dict[str, Any]]:
+def list_models(base_url: str, api_key: str, timeout_s: float) -> list[dict[str, Any]]:
     """`GET {base_url}/models`: the served models (their ids, maybe `max_model_len`)."""
     url = f"{base_url}/models"
     try:
@@ -93,7 +93,7 @@ class OpenAIEndpointEngine(EngineDefaults):
             concurrency=concurrency,
             path="/completions",
         )
-        cards = _models(self.base_url, key, min(timeout_s, 30.0))
+        cards = list_models(self.base_url, key, min(timeout_s, 30.0))
         card = next((c for c in cards if model_name is None or c["id"] == model_name), None)
         if model_name is None and card is None:
             raise EndpointError(f"{self.base_url}/models lists no model; set engine.model_name")

@@ -24,7 +24,9 @@ from typing import Any
 
 import httpx
 
+from temper.engine.openai_endpoint import EndpointError, list_models
 from temper.errors import ConfigError, TemperError
+from temper.http_client import ChatClientError, post_json
 from temper.records import Trajectory
 
 #: Sequences per scoring request, and requests in flight at once.
@@ -48,19 +50,15 @@ class RemoteTeacher:
     def __init__(self, url: str, model_name: str, timeout_s: float = 120.0) -> None:
         self.url, self.base, self.model_name = url, completions_url(url), model_name
         self.timeout_s = timeout_s
-        self.requests = 0  # scoring requests sent (a metric of the run)
 
     @classmethod
     def connect(
         cls, url: str, tokenizer: Any, model_name: str | None = None, timeout_s: float = 120.0
     ) -> RemoteTeacher:
         """A teacher checked against ``tokenizer`` (the student's); `ConfigError` if not."""
-        base = completions_url(url)
-        try:
-            reply = httpx.get(f"{base}/models", timeout=timeout_s)
-            reply.raise_for_status()
-            ids = [m["id"] for m in reply.json()["data"]]
-        except (httpx.HTTPError, ValueError, KeyError, TypeError) as exc:
+        try:  # no API key: a teacher Temper serves, or one on a private network
+            ids = [m["id"] for m in list_models(completions_url(url), "none", timeout_s)]
+        except EndpointError as exc:
             raise ConfigError(f"distill.teacher {url!r} does not list its models: {exc}") from None
         if model_name is not None and model_name not in ids:
             raise ConfigError(
@@ -84,8 +82,10 @@ class RemoteTeacher:
             reply = httpx.post(
                 f"{self.base}/completions", json=self._payload([ids]), timeout=self.timeout_s
             )
-            choice = self._choices(reply, [ids])[0]
-        except httpx.HTTPError as exc:
+            if reply.status_code >= 400:
+                raise TeacherError(f"HTTP {reply.status_code}: {reply.text[:300]}")
+            choice = self._choices(reply.json(), [ids])[0]
+        except (httpx.HTTPError, ValueError) as exc:
             raise ConfigError(f"distill.teacher {self.url!r} does not answer: {exc!r}") from None
         except TeacherError as exc:
             raise ConfigError(
@@ -111,14 +111,11 @@ class RemoteTeacher:
             "logprobs": 0,
         }
 
-    def _choices(self, reply: httpx.Response, prompts: list[list[int]]) -> list[dict[str, Any]]:
+    def _choices(self, body: Any, prompts: list[list[int]]) -> list[dict[str, Any]]:
         """The reply's choices in order, each with one logprob entry per prompt token."""
-        self.requests += 1
-        if reply.status_code >= 400:
-            raise TeacherError(f"HTTP {reply.status_code}: {reply.text[:300]}")
         try:
-            choices = sorted(reply.json()["choices"], key=lambda c: c["index"])
-        except (ValueError, KeyError, TypeError) as exc:
+            choices = sorted(body["choices"], key=lambda c: c["index"])
+        except (KeyError, TypeError) as exc:
             raise TeacherError(f"the reply has no choices: {exc!r}") from None
         if len(choices) != len(prompts):
             raise TeacherError(f"{len(choices)} choices for {len(prompts)} prompts")
@@ -131,10 +128,10 @@ class RemoteTeacher:
 
     async def _post(self, http: httpx.AsyncClient, prompts: list[list[int]]) -> list[dict]:
         try:
-            reply = await http.post(f"{self.base}/completions", json=self._payload(prompts))
-        except httpx.HTTPError as exc:
-            raise TeacherError(f"cannot reach {self.base}/completions: {exc!r}") from None
-        return self._choices(reply, prompts)
+            body = await post_json(http, f"{self.base}/completions", self._payload(prompts))
+        except ChatClientError as exc:
+            raise TeacherError(str(exc)) from None
+        return self._choices(body, prompts)
 
     async def score(self, trajs: list[Trajectory]) -> None:
         """Set ``teacher_logprobs`` (one per response token) on each of ``trajs``."""

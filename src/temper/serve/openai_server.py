@@ -58,7 +58,7 @@ from temper.serve import protocol as P
 from temper.serve.grammar import Grammars
 from temper.serve.limits import CLOSE, BodyError, HTTPLimits, read_body
 from temper.serve.protocol import APIError
-from temper.serve.scoring import echo_choices
+from temper.serve.scoring import echo_choices, legacy_logprobs
 from temper.serve.streaming import Chunks, chat_events, completion_events, merged, whole
 from temper.vision.images import Image, ImageError, UntrustedImages
 from temper.vision.prompting import PromptImages
@@ -248,23 +248,14 @@ class OpenAIServer:
     def _completion_logprobs(self, sample: SampleOutput, start: int = 0) -> dict[str, Any]:
         """Legacy completions logprobs: tokens, token_logprobs, top_logprobs (token
         string -> logprob per position, with ``logprobs`` > 0), text_offset."""
-        tokens = self._token_strings(sample.token_ids)
-        offsets, pos = [], start
-        for tok in tokens:
-            offsets.append(pos)
-            pos += len(tok)
         top = None
         if sample.top_logprobs is not None:
             top = [
                 dict(zip(self._token_strings(list(alts)), alts.values(), strict=True))
                 for alts in sample.top_logprobs
             ]
-        return {
-            "tokens": tokens,
-            "token_logprobs": list(sample.logprobs),
-            "top_logprobs": top,
-            "text_offset": offsets,
-        }
+        tokens = self._token_strings(sample.token_ids)
+        return legacy_logprobs(tokens, list(sample.logprobs), top, start)
 
     def _message(self, sample: SampleOutput, parse_tools: bool) -> tuple[dict[str, Any], str]:
         """The assistant message for a sample and its OpenAI finish_reason."""

@@ -18,6 +18,23 @@ from temper.engine.base import TokenScores
 from temper.serve.protocol import APIError
 
 
+def legacy_logprobs(
+    tokens: list[str], token_logprobs: list[Any], top: list[Any] | None, start: int = 0
+) -> dict[str, Any]:
+    """Legacy completions ``logprobs``: tokens, token_logprobs, top_logprobs and each
+    token's text offset (from ``start``)."""
+    offsets, pos = [], start
+    for tok in tokens:
+        offsets.append(pos)
+        pos += len(tok)
+    return {
+        "tokens": tokens,
+        "token_logprobs": token_logprobs,
+        "top_logprobs": top,
+        "text_offset": offsets,
+    }
+
+
 async def echo_choices(
     server: Any, prompts: list[list[int]], top: int, want_logprobs: bool
 ) -> list[dict[str, Any]]:
@@ -45,22 +62,13 @@ async def echo_choices(
         tokens = server._token_strings(ids)
         logprobs = None
         if scored is not None:
-            offsets, pos = [], 0
-            for tok in tokens:
-                offsets.append(pos)
-                pos += len(tok)
             top_entries = None
             if scored.top_logprobs is not None:
                 top_entries = [None] + [
                     dict(zip(server._token_strings(list(alts)), alts.values(), strict=True))
                     for alts in scored.top_logprobs
                 ]
-            logprobs = {
-                "tokens": tokens,
-                "token_logprobs": [None, *scored.logprobs],
-                "top_logprobs": top_entries,
-                "text_offset": offsets,
-            }
+            logprobs = legacy_logprobs(tokens, [None, *scored.logprobs], top_entries)
         text = server.tokenizer.decode(ids, skip_special_tokens=False)
         choices.append(
             {"index": index, "text": text, "logprobs": logprobs, "finish_reason": "length"}
