@@ -289,3 +289,32 @@ def test_top_logprobs_penalties_and_refused_processors(engine, tok):
     assert len(set(fresh)) > len(set(repeats))
     with pytest.raises(TemperError, match="logits_processors"):
         asyncio.run(engine.generate(prompt, SamplingParams(logits_processors=(object,))))
+
+
+def test_scores_equal_an_hf_forward_before_and_after_an_update(engine, tok, fresh_weights):
+    """`score` (vLLM's prompt logprobs) equals an HF forward, with the top ids per
+    position; after a weight update it follows the new weights, also for ids whose
+    prefix vLLM has cached (a scoring request skips the prefix cache)."""
+    model = load_model(PATH)
+    ids = prompt_ids(tok) + tok("The answer is 42.")["input_ids"]
+    assert engine.abilities.scoring
+    run(engine.generate(ids[:-2], SamplingParams(temperature=0.0, max_new_tokens=2)))  # cached
+    got = run(engine.score(ids, top_logprobs=3))
+    want = hf_logprobs(model, ids[:1], ids[1:])
+    assert len(got.logprobs) == len(ids) - 1
+    assert_parity(engine, torch.tensor(got.logprobs), want, (model, ids[:1], ids[1:]))
+    with torch.no_grad():
+        full = torch.log_softmax(model(input_ids=torch.tensor([ids])).logits[0, :-1], -1)
+    assert [list(alts) for alts in got.top_logprobs] == full.topk(3).indices.tolist()
+    update = _perturbed(model.state_dict(), 4)
+    model.load_state_dict(update)
+    push_weights(engine, update, engine.version + 1)
+    again = run(engine.score(ids))
+    assert again.top_logprobs is None
+    assert_parity(engine, torch.tensor(again.logprobs), hf_logprobs(model, ids[:1], ids[1:]))
+    assert (torch.tensor(again.logprobs) - torch.tensor(got.logprobs)).abs().max() > 1e-2
+    # vLLM samples one token after the scored ids, so they fit max_context - 1.
+    with pytest.raises(PromptTooLongError, match="tokens to score but vLLM scores at most"):
+        run(engine.score([5] * engine.max_context))
+    with pytest.raises(TemperError, match="scoring needs at least 2"):
+        run(engine.score(ids[:1]))

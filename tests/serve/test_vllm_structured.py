@@ -1,6 +1,7 @@
 """`temper serve` on the vLLM engine: JSON output and forced tool calls through vLLM's
-own structured outputs, driven by the official `openai` client against the tiny
-model (a real server on 127.0.0.1; runs in .venv-vllm, skipped elsewhere)."""
+own structured outputs, and the legacy scoring request through vLLM's prompt logprobs,
+driven by the official `openai` client against the tiny model (a real server on
+127.0.0.1; runs in .venv-vllm, skipped elsewhere)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from typing import Literal
 import jsonschema
 import openai
 import pytest
+import torch
 from pydantic import BaseModel, ConfigDict
 
 pytest.importorskip("vllm")
 
+from fp32 import ENGINE_PARITY
 from temper import compute
 from temper.engine.base import SamplingParams
 from temper.engine.structured import json_output
@@ -174,3 +177,23 @@ def test_a_weight_update_restarts_a_constrained_sample(engine):
     assert sample.finish_reason == "stop"
     assert sample.policy_versions == [new] * len(sample.token_ids)
     jsonschema.validate(json.loads(tok.decode(sample.token_ids, skip_special_tokens=True)), schema)
+
+
+def test_echo_with_max_tokens_0_scores_the_prompt_on_vllm(client, engine):
+    """The legacy scoring request a served distillation teacher is asked, answered by
+    vLLM's prompt logprobs: equal to an HF forward; ids that leave vLLM no token to
+    sample are a one-line 400."""
+    ids = engine.tokenizer("What is 12 + 30? The answer is 42.")["input_ids"]
+    r = client.completions.create(model="tiny", prompt=ids, max_tokens=0, echo=True, logprobs=2)
+    lp = r.choices[0].logprobs
+    assert lp.token_logprobs[0] is None and all(len(alts) == 2 for alts in lp.top_logprobs[1:])
+    model = load_model(PATH)
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([ids])).logits[0, :-1]
+    want = torch.log_softmax(logits, -1).gather(1, torch.tensor([ids[1:]]).T)[:, 0]
+    torch.testing.assert_close(torch.tensor(lp.token_logprobs[1:]), want, **ENGINE_PARITY)
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(
+            model="tiny", prompt=[5] * engine.max_context, max_tokens=0, echo=True, logprobs=0
+        )
+    assert "vLLM scores at most" in info.value.message, info.value.message

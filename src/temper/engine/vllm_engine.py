@@ -60,10 +60,11 @@ from temper.engine.base import (
     GenerationResult,
     SampleOutput,
     SamplingParams,
+    TokenScores,
 )
-from temper.engine.requests import StopChecker, validate_prompt
+from temper.engine.requests import StopChecker, validate_prompt, validate_scored
 from temper.engine.vllm_lora import AdapterVersions, vllm_max_rank
-from temper.errors import ConfigError, TemperError
+from temper.errors import ConfigError, PromptTooLongError, TemperError
 from temper.vision.images import Image
 from temper.vision.processor import collapse_image_runs
 from temper.weights.adapter import is_adapter_update
@@ -99,6 +100,8 @@ class _Pending:
     version: int = 0  # the weight version its tokens are sampled with now
     lora: Any = None  # the LoRARequest of its adapter version (adapter updates)
     adapter_version: int | None = None  # that version, while it holds it
+    # A `score` call: how many top logprobs it wants per position (None: a generate call).
+    scoring: int | None = None
 
 
 class VLLMEngine(EngineDefaults):
@@ -176,6 +179,7 @@ class VLLMEngine(EngineDefaults):
             metrics=False,
             images=takes_images,
             structured_outputs=True,
+            scoring=not takes_images,
         )
         self._stop = StopChecker(tokenizer, self.max_context)
         self._ids = itertools.count()
@@ -228,6 +232,39 @@ class VLLMEngine(EngineDefaults):
             self._abort(pending)
             raise
 
+    async def score(self, token_ids: Seq[int], top_logprobs: int = 0) -> TokenScores:
+        """Logprobs of given ids (`Engine.score`): vLLM's prompt logprobs of one request.
+
+        vLLM computes them for a request that must still sample one token (dropped
+        here), so the ids fit ``max_context - 1``; such a request skips the prefix
+        cache (a cached prefix has no logits). A weight update during the call
+        scores it again, all of it on the new weights."""
+        if self._closed:
+            raise RuntimeError("VLLMEngine is closed")
+        if not self.abilities.scoring:
+            raise ConfigError("this vLLM model takes images: scoring given tokens is text-only")
+        if len(token_ids) >= self.max_context:
+            raise PromptTooLongError(
+                f"{len(token_ids)} tokens to score but vLLM scores at most "
+                f"{self.max_context - 1}: its context of {self.max_context} less the one "
+                "token it must sample"
+            )
+        ids = validate_scored(token_ids, self.max_context, self.vocab_size)
+        loop = self._ensure_driver()
+        params = SamplingParams(max_new_tokens=1, temperature=0.0)
+        pending = _Pending(ids, params, loop.create_future(), scoring=int(top_logprobs))
+        pending.done_ids, pending.done_logprobs = [[]], [[]]
+        pending.done_versions, pending.done_top = [[]], [[]]
+        if self._adapters is not None:
+            pending.adapter_version, pending.lora = self._adapters.use()
+            pending.future.add_done_callback(lambda _: self._release(pending))
+        self._submit(pending)
+        try:
+            return await pending.future
+        except asyncio.CancelledError:
+            self._abort(pending)
+            raise
+
     def _submit(self, pending: _Pending) -> None:
         """Queue each unfinished sample of ``pending`` as its own vLLM request.
 
@@ -249,9 +286,12 @@ class VLLMEngine(EngineDefaults):
             prompt = TokensPrompt(prompt_token_ids=ids)
             if pending.images:
                 prompt["multi_modal_data"] = {"image": pending.images}
-            params = vllm_extras.request_params(
-                pending.params, i, left, pending.resumes, pending.structured
-            )
+            if pending.scoring is not None:
+                params = vllm_extras.scoring_params(pending.scoring)
+            else:
+                params = vllm_extras.request_params(
+                    pending.params, i, left, pending.resumes, pending.structured
+                )
             queued.append((rid, prompt, params, pending.lora))
             self._pending[rid] = pending
         if not queued:  # every sample was already complete when a weight update came
@@ -365,6 +405,10 @@ class VLLMEngine(EngineDefaults):
         pending = self._pending.pop(out.request_id, None)
         if pending is None or pending.future.done():
             return
+        if pending.scoring is not None:
+            scores = vllm_extras.prompt_scores(out, pending.prompt, pending.scoring)
+            pending.future.set_result(scores)
+            return
         i = int(out.request_id.rsplit(".", 1)[1])
         self._extend(pending, i, out.outputs[0], pending.version)
         if any(p is pending for p in self._pending.values()):
@@ -438,7 +482,8 @@ class VLLMEngine(EngineDefaults):
             pending = self._pending.pop(rid)
             if pending.future.done():
                 continue
-            if pending.structured is None:  # a grammar cannot resume mid-way: start over
+            # A grammar cannot resume mid-way, and a score is all on one version: start over.
+            if pending.structured is None and pending.scoring is None:
                 self._extend(pending, int(rid.rsplit(".", 1)[1]), partial, pending.version)
             pending.resumes += 1
             if pending not in calls:

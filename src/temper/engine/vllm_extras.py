@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from temper.engine.base import SamplingParams
+from temper.engine.base import SamplingParams, TokenScores
 from temper.engine.structured import StructuredOutput, xgrammar_grammar
 from temper.errors import TemperError
 
@@ -111,6 +111,41 @@ def request_params(
         output_kind=RequestOutputKind.FINAL_ONLY,
         structured_outputs=structured,
     )
+
+
+def scoring_params(top_logprobs: int) -> Any:
+    """vLLM `SamplingParams` of a `score` call: the prompt's logprobs (raw, with the
+    ``top_logprobs`` best at each position), and one greedy token vLLM must sample."""
+    from vllm import SamplingParams as VParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return VParams(
+        n=1,
+        temperature=0.0,
+        max_tokens=1,
+        prompt_logprobs=top_logprobs,
+        detokenize=False,
+        skip_special_tokens=False,
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def prompt_scores(out: Any, ids: list[int], k: int) -> TokenScores:
+    """`TokenScores` from a finished request's ``prompt_logprobs`` (the first of which
+    is None: the first token has no logprob)."""
+    entries = list(out.prompt_logprobs or [])[1:]
+    if len(entries) != len(ids) - 1:
+        raise RuntimeError(
+            f"vLLM returned {len(entries)} prompt logprobs for {len(ids)} scored ids"
+        )
+    logprobs = [float(entry[tok].logprob) for tok, entry in zip(ids[1:], entries, strict=True)]
+    top = None
+    if k:
+        top = []
+        for entry in entries:
+            best = sorted(entry.items(), key=lambda kv: kv[1].rank or k + 1)
+            top.append({int(t): float(lp.logprob) for t, lp in best[:k]})
+    return TokenScores(logprobs, top)
 
 
 def structured_outputs(output: StructuredOutput | None) -> Any:
