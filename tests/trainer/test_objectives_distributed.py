@@ -1,20 +1,24 @@
-"""GSPO and full REINFORCE++ on two FSDP2 ranks (gloo on CPU) against one process.
+"""GSPO and full REINFORCE++, and on-policy distillation, on two FSDP2 ranks (gloo on
+CPU) against one process.
 
 REINFORCE++ normalises its per-token returns over the whole step's batch while
 each rank holds only its rows, so the ranks sum their moments first; GSPO's
 sequence ratio reduces over each trajectory's own tokens, packed or not. Two
 steps, so that the second has a KL to the reference (the policy equals the
-reference at the first) and a different plan per rank.
+reference at the first) and a different plan per rank. Distillation: each rank loads
+the teacher whole and scores its own rows; the metrics sum over the ranks.
 """
 
 import math
+import shutil
 
 import pytest
 import torch
 
 from fp32 import SAME_MATH
+from temper.config.distill import DistillConfig
 from temper.config.schema import AlgoConfig, TrainerConfig
-from temper.models import load_model
+from temper.models import load_model, resolve_model_path
 from temper.records import Trajectory
 from temper.trainer.distributed import DistributedTrainer
 from temper.trainer.policy_trainer import PolicyTrainer
@@ -80,3 +84,40 @@ def test_reinforce_pp_with_gspo_on_two_ranks_matches_one_process(packing):
         torch.testing.assert_close(
             torch.tensor(b.trainer_logprobs), torch.tensor(a.trainer_logprobs), **SAME_MATH
         )
+
+
+@pytest.mark.slow
+def test_distillation_on_two_ranks_matches_one_process(tmp_path):
+    """A teacher in the trainer (the tiny model at temperature 1/2, saved as a model
+    directory), half its weight on the task reward's group advantage."""
+    teacher_dir = tmp_path / "sharp"
+    shutil.copytree(resolve_model_path("tiny"), teacher_dir)
+    sharp = load_model(teacher_dir)
+    with torch.no_grad():
+        sharp.model.norm.weight.mul_(2)  # doubles every logit
+    sharp.save_pretrained(teacher_dir)
+    algo = AlgoConfig(advantage="distill")
+    distill = DistillConfig(teacher=str(teacher_dir), reward_weight=0.5)
+    plain = PolicyTrainer(
+        load_model("tiny"), CFG, algo, 4, 0, teacher=load_model(teacher_dir), distill=distill
+    )
+    plain_stats = [plain.train_step(_batch(seed)) for seed in (1, 2)]
+    dist = DistributedTrainer(
+        load_model("tiny"), "tiny", CFG.model_copy(update={"world_size": 2}), algo, 4, 0,
+        distill=distill, teacher_path=str(teacher_dir),
+    )  # fmt: skip
+    try:
+        dist_stats = [dist.train_step(_batch(seed)) for seed in (1, 2)]
+        dist_w = _weights(dist.model)
+    finally:
+        dist.close()
+    plain_w = _weights(plain.model)
+    assert max(float((plain_w[k] - dist_w[k]).abs().max()) for k in plain_w) < TOL
+    # The sharpened teacher is no copy of the student: its scores move the advantages.
+    assert (
+        abs(plain_stats[0]["distill_teacher_logprob"] - plain_stats[0]["distill_student_logprob"])
+        > 0.1
+    )
+    for mine, theirs in zip(plain_stats, dist_stats, strict=True):
+        for key in ("loss", "grad_norm", "distill_reverse_kl", "distill_teacher_logprob"):
+            assert theirs[key] == pytest.approx(mine[key], rel=1e-4, abs=1e-6), key

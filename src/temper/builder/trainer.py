@@ -2,7 +2,7 @@
 in this process at ``world_size = 1``, else a `DistributedTrainer` over spawned, launched
 (torchrun, mpirun) or Ray ranks. With ``[lora]`` the policy gets peft's adapters first
 (`build_lora`; world size 1, text models). With ``algo.advantage = "distill"`` it holds
-the frozen teacher too (`build_teacher`: the student's tokenizer, world size 1)."""
+the frozen teacher too (`teacher_path`: the student's tokenizer; on every rank)."""
 
 from __future__ import annotations
 
@@ -51,16 +51,15 @@ def build_trainer(cfg: Config, policy: torch.nn.Module, model: RunModel, pad_id:
                 "`temper train` without a launcher"
             )
         trainer_cfg = cfg.trainer.model_copy(update={"world_size": launch.world_size})
-        per_token = cfg.algo.advantage in ("gae", "distill")
-        if model.vision is not None or per_token or cfg.trainer.mode != "rl":
+        if model.vision is not None or cfg.algo.advantage == "gae" or cfg.trainer.mode != "rl":
             raise ConfigError(
                 f"{launch.launcher} with {launch.world_size} ranks: launched trainers run RL "
-                "with a group baseline on text models so far (not a vision-language model, "
-                "algo.advantage = 'gae' or 'distill', or trainer.mode = 'sft'/'rft'/'dpo')"
+                "on text models without a critic so far (not a vision-language model, "
+                "algo.advantage = 'gae', or trainer.mode = 'sft'/'rft'/'dpo')"
             )
         return DistributedTrainer(
             policy, model.weights, trainer_cfg, cfg.algo, steps, pad_id, ref_path=ref_path,
-            launch=launch,
+            launch=launch, distill=cfg.distill, teacher_path=teacher_path(cfg, model),
         )  # fmt: skip
     if cfg.trainer.world_size > 1:
         if model.vision is not None:
@@ -69,8 +68,9 @@ def build_trainer(cfg: Config, policy: torch.nn.Module, model: RunModel, pad_id:
                 "model trains at world_size = 1"
             )
         return DistributedTrainer(
-            policy, model.weights, cfg.trainer, cfg.algo, steps, pad_id, ref_path=ref_path
-        )
+            policy, model.weights, cfg.trainer, cfg.algo, steps, pad_id, ref_path=ref_path,
+            distill=cfg.distill, teacher_path=teacher_path(cfg, model),
+        )  # fmt: skip
     device = resolve_device(cfg.trainer.device, "trainer.device")
     policy.to(device)
     ref = load_model(ref_path, dtype=torch.float32).to(device) if ref_path else None
@@ -79,9 +79,8 @@ def build_trainer(cfg: Config, policy: torch.nn.Module, model: RunModel, pad_id:
         assert model.images is not None  # a training run keeps its images
         pixels = pixel_source(model.vision, model.images)
     critic = build_critic(cfg, policy, device) if cfg.algo.advantage == "gae" else None
-    # A served teacher (a URL) scores on the rollout side: the trainer holds none.
-    in_process = cfg.algo.advantage == "distill" and not is_remote_teacher(cfg.distill.teacher)
-    teacher = build_teacher(cfg, model, device) if in_process else None
+    path = teacher_path(cfg, model)
+    teacher = load_model(path, dtype=torch.float32).to(device) if path else None
     trainer_cfg, adapter = cfg.trainer, None
     if cfg.lora.enabled:
         if model.vision is not None:
@@ -117,12 +116,16 @@ def build_lora(lora: LoraConfig, policy: torch.nn.Module) -> LoraAdapter:
     return LoraAdapter.wrap(policy, lora)
 
 
-def build_teacher(cfg: Config, model: RunModel, device: torch.device) -> torch.nn.Module:
-    """``distill.teacher``, frozen, on the trainer's device. It scores the student's
-    sampled ids as they are, so every student (token, id) pair must be the teacher's
-    too (a teacher may know more tokens) and, for a vision-language student, be one too;
-    `ConfigError` (one line, exit 2) otherwise."""
+def teacher_path(cfg: Config, model: RunModel) -> str | None:
+    """``distill.teacher`` when the trainer holds it (every rank loads it whole), checked;
+    None without distillation or for a served teacher (a URL), which scores on the
+    rollout side. The teacher scores the student's sampled ids as they are, so every
+    student (token, id) pair must be the teacher's too (a teacher may know more tokens)
+    and, for a vision-language student, be one too; `ConfigError` (one line, exit 2)
+    otherwise."""
     path = cfg.distill.teacher
+    if cfg.algo.advantage != "distill" or is_remote_teacher(path):
+        return None
     assert path is not None  # check_distill
     try:
         teacher_vocab = load_tokenizer(path).get_vocab()
@@ -144,7 +147,7 @@ def build_teacher(cfg: Config, model: RunModel, device: torch.device) -> torch.n
             f"distill.teacher {path!r} is {kinds[is_vision_language(path)]} and the student "
             f"is {kinds[model.vision is not None]}: the teacher sees what the student sees"
         )
-    return load_model(path, dtype=torch.float32).to(device)
+    return path
 
 
 def build_remote_teacher(cfg: Config, model: RunModel) -> RemoteTeacher | None:

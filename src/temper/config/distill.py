@@ -77,11 +77,6 @@ def check_distill(cfg: Any) -> None:
             f"algo.advantage = 'distill' is an RL advantage; trainer.mode = "
             f"{cfg.trainer.mode!r} does not use it (use trainer.mode = 'rl')"
         )
-    if cfg.trainer.world_size > 1:
-        raise ValueError(
-            f"algo.advantage = 'distill' with trainer.world_size = {cfg.trainer.world_size}: "
-            "distillation trains in one trainer process so far; use trainer.world_size = 1"
-        )
     if cfg.distill.teacher_model and not is_remote_teacher(cfg.distill.teacher):
         raise ValueError(
             "distill.teacher_model names the model of a URL teacher; distill.teacher "

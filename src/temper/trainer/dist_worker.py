@@ -46,6 +46,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.tensor import DTensor
 
 from temper.config.algo import AlgoConfig
+from temper.config.distill import DistillConfig
 from temper.config.trainer import TrainerConfig
 from temper.records import Trajectory
 from temper.trainer.batching import MicroBatch, collate
@@ -75,6 +76,10 @@ class WorkerSpec:
     parent_pid: int
     #: Bytes per bucket when streaming weights out (`weight_stream`); 0: one full gather.
     sync_bucket_bytes: int = 0
+    #: ``algo.advantage = "distill"``: its settings, and the teacher each rank loads whole
+    #: (None for a served teacher, whose scores come with the trajectories).
+    distill: DistillConfig | None = None
+    teacher_path: str | None = None
 
 
 class ShardedPolicyTrainer(PolicyTrainer):
@@ -87,6 +92,7 @@ class ShardedPolicyTrainer(PolicyTrainer):
         rank: int,
         device: torch.device,
         ref_model: torch.nn.Module | None = None,
+        teacher: torch.nn.Module | None = None,
     ) -> None:
         self.rank, self.world_size, self.device = rank, spec.world_size, device
         self.sync_bucket_bytes = spec.sync_bucket_bytes
@@ -111,11 +117,13 @@ class ShardedPolicyTrainer(PolicyTrainer):
         self.vocab = parallelize(
             model, self.mesh, spec.cfg.ep, spec.cfg.sequence_parallel, spec.cfg.loss_parallel
         )
-        if ref_model is not None:
-            ref_model.to(device)
+        for frozen in (ref_model, teacher):  # whole on every rank, as the parent loaded them
+            if frozen is not None:
+                frozen.to(device)
         super().__init__(
-            model, spec.cfg, spec.algo, spec.total_steps, spec.pad_id, ref_model=ref_model
-        )
+            model, spec.cfg, spec.algo, spec.total_steps, spec.pad_id, ref_model=ref_model,
+            teacher=teacher, distill=spec.distill,
+        )  # fmt: skip
 
     def _stage(self, model: torch.nn.Module, cfg: TrainerConfig) -> torch.nn.Module:
         """The part of ``model`` this rank holds: all of it (pipeline stages override)."""
@@ -346,8 +354,9 @@ def make_trainer(
         torch.cuda.set_device(device)
     model = load_model(spec.model_path, dtype=torch.float32)
     ref = load_model(spec.ref_path, dtype=torch.float32) if spec.ref_path else None
+    teacher = load_model(spec.teacher_path, dtype=torch.float32) if spec.teacher_path else None
     cls = PipelinedPolicyTrainer if spec.cfg.pp > 1 else ShardedPolicyTrainer
-    return cls(model, spec, rank, device, ref_model=ref)
+    return cls(model, spec, rank, device, ref_model=ref, teacher=teacher)
 
 
 def _full_weights(trainer: ShardedPolicyTrainer) -> dict[str, torch.Tensor] | None:

@@ -37,6 +37,7 @@ from typing import Any, Protocol
 import torch
 
 from temper.config.algo import AlgoConfig
+from temper.config.distill import DistillConfig
 from temper.config.trainer import TrainerConfig
 from temper.errors import ConfigError
 from temper.records import Trajectory
@@ -99,7 +100,8 @@ class DistributedTrainer(TrainerDefaults):
 
     ``model`` is the parent's CPU copy of the policy, loaded from ``model_path``
     like each rank's; it is kept equal to the trained weights after every step
-    and load. ``ref_path`` (for a KL penalty) is loaded whole on every rank.
+    and load. ``ref_path`` (for a KL penalty) is loaded whole on every rank, and so is
+    ``teacher_path`` (``algo.advantage = "distill"`` with a teacher in the trainer).
     Call `close` when done (the orchestrator does); the ranks also exit if this
     process dies.
     """
@@ -116,6 +118,8 @@ class DistributedTrainer(TrainerDefaults):
         pad_id: int,
         ref_path: str | None = None,
         launch: Launch | None = None,
+        distill: DistillConfig | None = None,
+        teacher_path: str | None = None,
     ) -> None:
         self.model, self.cfg, self.total_steps = model, cfg, total_steps
         self.world_size = cfg.world_size
@@ -125,11 +129,11 @@ class DistributedTrainer(TrainerDefaults):
             check_ep(model, cfg.ep)
         if cfg.pp > 1:
             check_pp(model, cfg.pp)
-            if algo.advantage == "reinforce_pp" or cfg.weight_sync_bucket_mb == 0:
+            if algo.advantage in ("reinforce_pp", "distill") or cfg.weight_sync_bucket_mb == 0:
                 raise ConfigError(
                     f"trainer.pp = {cfg.pp} needs weight_sync_bucket_mb > 0 and an advantage "
-                    "other than 'reinforce_pp' so far (its per-token returns need the "
-                    "reference and old logprobs on every stage)"
+                    f"other than {algo.advantage!r} so far (its per-token advantages need "
+                    "whole-model logprobs on every stage)"
                 )
         spec = WorkerSpec(
             model_path=model_path,
@@ -146,6 +150,8 @@ class DistributedTrainer(TrainerDefaults):
             timeout_s=cfg.worker_timeout_s,
             parent_pid=os.getpid(),
             sync_bucket_bytes=int(cfg.weight_sync_bucket_mb * 2**20),
+            distill=distill if algo.advantage == "distill" else None,
+            teacher_path=teacher_path if algo.advantage == "distill" else None,
         )
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
