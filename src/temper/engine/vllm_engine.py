@@ -24,7 +24,8 @@ Temper `logits_processors` are refused: vLLM's V1 engine does not take
 per-request Python processors. A declared `SamplingParams.structured` (JSON,
 forced tool call) is vLLM's own structured outputs (`temper.engine.vllm_extras`);
 a constrained sample that a weight update interrupts starts over on the new
-weights, since its grammar cannot resume mid-way.
+weights, since its grammar cannot resume mid-way. `score` (given ids' logprobs, for
+a served distillation teacher) is vLLM's ``prompt_logprobs`` of a one-token request.
 
 Weights: `load_weights` receives a version from a `WeightTransport` and hands the
 tensors to every worker's ``reload_weights`` (in place, checkpoint names); with
