@@ -223,6 +223,10 @@ class VLLMEngine(EngineDefaults):
         pending.done_versions = [[] for _ in range(params.n)]
         pending.done_top = [[] for _ in range(params.n)]
         pending.version = self.version
+        return await self._run(pending)
+
+    async def _run(self, pending: _Pending) -> Any:
+        """Submit ``pending`` and wait for its result (aborted in vLLM if cancelled)."""
         if self._adapters is not None:  # it keeps this adapter version until it ends
             pending.adapter_version, pending.lora = self._adapters.use()
             pending.future.add_done_callback(lambda _: self._release(pending))
@@ -256,15 +260,7 @@ class VLLMEngine(EngineDefaults):
         pending = _Pending(ids, params, loop.create_future(), scoring=int(top_logprobs))
         pending.done_ids, pending.done_logprobs = [[]], [[]]
         pending.done_versions, pending.done_top = [[]], [[]]
-        if self._adapters is not None:
-            pending.adapter_version, pending.lora = self._adapters.use()
-            pending.future.add_done_callback(lambda _: self._release(pending))
-        self._submit(pending)
-        try:
-            return await pending.future
-        except asyncio.CancelledError:
-            self._abort(pending)
-            raise
+        return await self._run(pending)
 
     def _submit(self, pending: _Pending) -> None:
         """Queue each unfinished sample of ``pending`` as its own vLLM request.
