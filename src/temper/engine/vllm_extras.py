@@ -139,12 +139,7 @@ def prompt_scores(out: Any, ids: list[int], k: int) -> TokenScores:
             f"vLLM returned {len(entries)} prompt logprobs for {len(ids)} scored ids"
         )
     logprobs = [float(entry[tok].logprob) for tok, entry in zip(ids[1:], entries, strict=True)]
-    top = None
-    if k:
-        top = []
-        for entry in entries:
-            best = sorted(entry.items(), key=lambda kv: kv[1].rank or k + 1)
-            top.append({int(t): float(lp.logprob) for t, lp in best[:k]})
+    top = [_best(entry, k) for entry in entries] if k else None
     return TokenScores(logprobs, top)
 
 
@@ -188,11 +183,15 @@ def sampled_logprobs(comp: Any, ids: list[int]) -> list[float]:
 def top_logprobs(comp: Any, ids: list[int], k: int) -> list[dict[int, float]]:
     """The k best alternatives at each position (vLLM adds the sampled token
     when it is not among them: dropped here by its rank)."""
-    out: list[dict[int, float]] = []
-    for entry in list(comp.logprobs or [])[: len(ids)]:
-        best = sorted((entry or {}).items(), key=lambda kv: kv[1].rank or k + 1)
-        out.append({int(t): float(lp.logprob) for t, lp in best[:k]})
+    out = [_best(entry, k) for entry in list(comp.logprobs or [])[: len(ids)]]
     return out + [{} for _ in range(len(ids) - len(out))]
+
+
+def _best(entry: Any, k: int) -> dict[int, float]:
+    """The k best of one position's vLLM logprobs, by vLLM's rank (a token it added
+    beyond them, the sampled or prompt one, ranks lower and drops out)."""
+    best = sorted((entry or {}).items(), key=lambda kv: kv[1].rank or k + 1)
+    return {int(t): float(lp.logprob) for t, lp in best[:k]}
 
 
 class SoFar:
