@@ -47,6 +47,13 @@ IN_PROCESS_TESTS := tests/algos tests/config tests/data tests/rollout tests/engi
 	$(addprefix tests/test_,devices_and_extensions.py architecture.py dependencies.py api.py \
 	  safe_json.py builder.py) \
 	tests/monitor/test_progress.py tests/weights/test_transport.py tests/weights/test_shm_ring.py \
+	$(addprefix tests/monitor/test_,health_throughput.py inspect.py sinks_extra.py) \
+	$(addprefix tests/orchestrator/test_,health.py run_guard.py sinks_and_profile.py) \
+	$(addprefix tests/envs/test_,chain.py code_env.py env_base.py env_tools.py games.py \
+	  gym_adapter.py tool_use.py visual_grid.py tool_call_hostile.py browser_actions.py) \
+	$(addprefix tests/rewards/test_,code_hacks.py code_hacks_selftest.py code_honest_corpus.py \
+	  code_tests.py math_verify_reward.py process_pool.py) \
+	tests/sandbox/test_limits.py \
 	$(addprefix tests/rewards/test_,gsm8k_gold.py reward_contract.py declared_correctness.py \
 	  trl_adapter.py tool_call_ast.py shaping.py format_reward_more.py format_reward.py \
 	  combine.py answers.py) \
