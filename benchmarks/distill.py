@@ -8,7 +8,9 @@ a ``temper train`` process, for each of ``--seeds``:
 - **grpo**: the demo config itself (GRPO, 16 prompts x 8 samples a step);
 - **distill**: ``algo.advantage = "distill"`` from the teacher, with
   ``--distill-group-size`` samples per prompt (a teacher scores every token, so a
-  group needs no second sample to compare with) and the same prompts per step.
+  group needs no second sample to compare with) and the same prompts per step;
+  ``--teacher-temperature`` (``distill.teacher_temperature``) and
+  ``--distill-reward-weight`` (``distill.reward_weight``) set the rest.
 
 Both evaluate greedily on the same held-out tasks every ``--eval-every`` steps. The
 measure is held-out accuracy against the student tokens generated so far (the sum
@@ -65,6 +67,8 @@ def arm_args(arm: str, seed: int, teacher: str, args: argparse.Namespace, out: s
             "--algo.advantage=distill",
             f"--distill.teacher={teacher}",
             f"--orchestrator.group_size={args.distill_group_size}",
+            f"--distill.teacher_temperature={args.teacher_temperature}",
+            f"--distill.reward_weight={args.distill_reward_weight}",
             # The teacher's accuracy is measured once, by the teacher run's own eval.
             "--distill.teacher_eval=false",
         ]
@@ -109,6 +113,10 @@ def main() -> None:
     ap.add_argument("--threshold", type=float, default=0.9, help="a second accuracy to reach")
     ap.add_argument("--eval-every", type=int, default=5)
     ap.add_argument("--distill-group-size", type=int, default=1)
+    ap.add_argument(
+        "--teacher-temperature", type=float, default=1.0, help="distill.teacher_temperature"
+    )
+    ap.add_argument("--distill-reward-weight", type=float, default=0.0, help="needs a group >= 2")
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--out", default=None, help="where the runs go (default: a temp dir)")
     args = ap.parse_args()
@@ -140,6 +148,11 @@ def main() -> None:
                 "teacher": teacher,
                 "teacher_accuracy": teacher_accuracy,
                 "steps": {"grpo": args.steps, "distill": args.distill_steps},
+                "distill": {
+                    "group_size": args.distill_group_size,
+                    "teacher_temperature": args.teacher_temperature,
+                    "reward_weight": args.distill_reward_weight,
+                },
                 "seeds": args.seeds,
                 "arms": arms,
                 "grpo_final_accuracy": target,

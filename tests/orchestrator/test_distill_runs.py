@@ -156,6 +156,10 @@ def test_a_teacher_with_another_tokenizer_is_one_line_exit_2(tmp_path, capsys, o
         ([], "needs distill.teacher"),
         (["--algo.advantage=grpo", "--distill.teacher=tiny"], "[distill] is set but"),
         (["--distill.teacher=tiny", "--orchestrator.refill=true"], "orchestrator.refill"),
+        (
+            ["--distill.teacher=http://127.0.0.1:9/v1", "--distill.teacher_temperature=0.5"],
+            "needs a teacher in the trainer",
+        ),
     ],
 )
 def test_bad_teachers_are_one_line_exit_2(tmp_path, capsys, args, words):

@@ -82,6 +82,21 @@ def test_advantages_are_teacher_minus_student_on_sampled_tokens(packing):
     assert stats["distill_reverse_kl"] > 0.05  # the sharper teacher is really elsewhere
 
 
+def test_a_teacher_temperature_of_one_half_is_the_doubled_logits_teacher():
+    model = load_model("tiny")
+    trajs = _trajs(model)
+    cooled = _trainer(
+        model, load_model("tiny"), DistillConfig(teacher="x", teacher_temperature=0.5)
+    )
+    sharp = _trainer(model, _sharp(model))
+    adv_cooled, stats_cooled = cooled._distill_advantages(trajs, [0, 1])
+    adv_sharp, stats_sharp = sharp._distill_advantages(trajs, [0, 1])
+    for i in (0, 1):
+        torch.testing.assert_close(adv_cooled[i], adv_sharp[i], **SAME_MATH)
+    assert stats_cooled["distill_reverse_kl"] == pytest.approx(stats_sharp["distill_reverse_kl"])
+    assert stats_cooled["distill_reverse_kl"] > 0.05  # not the student's own distribution
+
+
 def test_a_step_lowers_the_reverse_kl_to_the_teacher():
     model = load_model("tiny")
     teacher = _sharp(model)

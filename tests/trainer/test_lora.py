@@ -256,10 +256,10 @@ def test_a_lora_run_resumes_exactly_and_exports(tmp_path):
         (["--lora.rank=0"], "lora.rank"),
         (["--lora.alpha=16"], "lora.rank"),
         (["--lora.rank=4", '--lora.target_modules=["q_proj", "qkv_proj"]'], "lora.target_modules"),
-        (["--lora.rank=4", "--trainer.world_size=2"], "trainer.world_size"),
+        (["--lora.rank=4", "--trainer.world_size=2", "--trainer.tp=2"], "trainer.tp = 2"),
         (["--lora.rank=600", "--engine.type=vllm"], "vLLM takes ranks up to 512"),
     ],
-    ids=["rank_0", "no_rank", "unknown_module", "fsdp2", "vllm"],
+    ids=["rank_0", "no_rank", "unknown_module", "tp", "vllm"],
 )
 def test_bad_input_gets_one_line_and_exit_2(tmp_path, capsys, overrides, names):
     assert exit_code(tmp_path, "bad", *overrides) == 2

@@ -1,7 +1,7 @@
 """The run's trainer from `[trainer]`, `[algo]`, `[critic]` and `[lora]`: a `PolicyTrainer`
 in this process at ``world_size = 1``, else a `DistributedTrainer` over spawned, launched
 (torchrun, mpirun) or Ray ranks. With ``[lora]`` the policy gets peft's adapters first
-(`build_lora`; world size 1, text models). With ``algo.advantage = "distill"`` it holds
+(`build_lora`; text models; on every rank at world size > 1). With ``algo.advantage = "distill"`` it holds
 the frozen teacher too (`teacher_path`: the student's tokenizer; on every rank)."""
 
 from __future__ import annotations
@@ -37,6 +37,17 @@ def build_trainer(cfg: Config, policy: torch.nn.Module, model: RunModel, pad_id:
     online_dpo = cfg.trainer.mode == "dpo" and cfg.dpo.pairs == "online"
     ref_path = model.base if cfg.algo.uses_reference or online_dpo else None
     steps = cfg.orchestrator.steps
+    lora, trainer_cfg = None, cfg.trainer
+    if cfg.lora.enabled:
+        if model.vision is not None:
+            raise ConfigError(
+                "lora.rank trains text models only so far: a vision-language model's tower "
+                "has linear layers of the same names, and the engines' image encoder takes "
+                "no adapter updates; remove [lora] or use a text model"
+            )
+        lora = cfg.lora
+        # The adapters' rate; a critic (built below, world size 1) keeps cfg.trainer.lr.
+        trainer_cfg = cfg.trainer.model_copy(update={"lr": cfg.trainer.lr * lora.lr_multiplier})
     launch = detect_launch(master_addr=cfg.trainer.master_addr, master_port=cfg.trainer.master_port)
     if launch is not None:
         if launch.rank != 0:
@@ -45,12 +56,7 @@ def build_trainer(cfg: Config, policy: torch.nn.Module, model: RunModel, pad_id:
                 "other than 0 must run `temper train` (the CLI), which only trains there"
             )
         check_world_size(cfg.trainer.world_size, launch)
-        if cfg.lora.enabled:
-            raise ConfigError(
-                f"lora.rank under {launch.launcher}: LoRA trains in one process so far; run "
-                "`temper train` without a launcher"
-            )
-        trainer_cfg = cfg.trainer.model_copy(update={"world_size": launch.world_size})
+        trainer_cfg = trainer_cfg.model_copy(update={"world_size": launch.world_size})
         if model.vision is not None or cfg.algo.advantage == "gae" or cfg.trainer.mode != "rl":
             raise ConfigError(
                 f"{launch.launcher} with {launch.world_size} ranks: launched trainers run RL "
@@ -59,7 +65,7 @@ def build_trainer(cfg: Config, policy: torch.nn.Module, model: RunModel, pad_id:
             )
         return DistributedTrainer(
             policy, model.weights, trainer_cfg, cfg.algo, steps, pad_id, ref_path=ref_path,
-            launch=launch, distill=cfg.distill, teacher_path=teacher_path(cfg, model),
+            launch=launch, distill=cfg.distill, teacher_path=teacher_path(cfg, model), lora=lora,
         )  # fmt: skip
     if cfg.trainer.world_size > 1:
         if model.vision is not None:
@@ -68,8 +74,8 @@ def build_trainer(cfg: Config, policy: torch.nn.Module, model: RunModel, pad_id:
                 "model trains at world_size = 1"
             )
         return DistributedTrainer(
-            policy, model.weights, cfg.trainer, cfg.algo, steps, pad_id, ref_path=ref_path,
-            distill=cfg.distill, teacher_path=teacher_path(cfg, model),
+            policy, model.weights, trainer_cfg, cfg.algo, steps, pad_id, ref_path=ref_path,
+            distill=cfg.distill, teacher_path=teacher_path(cfg, model), lora=lora,
         )  # fmt: skip
     device = resolve_device(cfg.trainer.device, "trainer.device")
     policy.to(device)
@@ -81,17 +87,7 @@ def build_trainer(cfg: Config, policy: torch.nn.Module, model: RunModel, pad_id:
     critic = build_critic(cfg, policy, device) if cfg.algo.advantage == "gae" else None
     path = teacher_path(cfg, model)
     teacher = load_model(path, dtype=torch.float32).to(device) if path else None
-    trainer_cfg, adapter = cfg.trainer, None
-    if cfg.lora.enabled:
-        if model.vision is not None:
-            raise ConfigError(
-                "lora.rank trains text models only so far: a vision-language model's tower "
-                "has linear layers of the same names, and the engines' image encoder takes "
-                "no adapter updates; remove [lora] or use a text model"
-            )
-        adapter = build_lora(cfg.lora, policy)
-        # The critic (built above) keeps the full fine-tuning rate.
-        trainer_cfg = cfg.trainer.model_copy(update={"lr": cfg.trainer.lr * cfg.lora.lr_multiplier})
+    adapter = build_lora(lora, policy) if lora is not None else None
     return PolicyTrainer(
         policy,
         trainer_cfg,

@@ -42,6 +42,15 @@ class DistillConfig(BaseModel):
         description="Weight of the task reward's group advantage (GRPO's, reward minus group "
         "mean over group std) added to every sampled token; 0 = distillation alone.",
     )
+    teacher_temperature: float = Field(
+        1.0,
+        gt=0,
+        le=10,
+        description="The teacher's logits are divided by this before it scores: below 1 the "
+        "student learns a sharper distribution than the teacher's own (its greedy choice, "
+        "more than its samples at temperature 1). A teacher in the trainer only: a served "
+        "one returns each sampled token's logprob at temperature 1.",
+    )
     teacher_eval: bool = Field(
         True,
         description="Evaluate the teacher on the held-out tasks once, before step 0 "
@@ -76,6 +85,12 @@ def check_distill(cfg: Any) -> None:
         raise ValueError(
             f"algo.advantage = 'distill' is an RL advantage; trainer.mode = "
             f"{cfg.trainer.mode!r} does not use it (use trainer.mode = 'rl')"
+        )
+    if cfg.distill.teacher_temperature != 1.0 and is_remote_teacher(cfg.distill.teacher):
+        raise ValueError(
+            f"distill.teacher_temperature = {cfg.distill.teacher_temperature:g} needs a teacher "
+            "in the trainer (a model path): a served teacher returns each sampled token's "
+            "logprob at temperature 1 only"
         )
     if cfg.distill.teacher_model and not is_remote_teacher(cfg.distill.teacher):
         raise ValueError(

@@ -91,11 +91,13 @@ def check_lora(cfg: Any) -> None:
                 "adapter, or remove [lora]"
             )
         return
-    if cfg.trainer.world_size > 1:
+    t = cfg.trainer
+    split = [f"trainer.{k} = {v}" for k, v in (("tp", t.tp), ("pp", t.pp), ("ep", t.ep)) if v > 1]
+    if split:
         raise ValueError(
-            f"lora.rank with trainer.world_size = {cfg.trainer.world_size}: LoRA trains in "
-            "one process so far (no FSDP2, tensor, pipeline or expert parallelism); use "
-            "trainer.world_size = 1"
+            f"lora.rank with {split[0]}: LoRA trains over FSDP2's data parallelism only "
+            "(peft's adapter layers are not split by tensor, pipeline or expert "
+            "parallelism); set trainer.tp, pp and ep to 1"
         )
     if cfg.engine.type not in ("native", "hf", "vllm"):
         raise ValueError(

@@ -216,21 +216,45 @@ def load_checkpoint_state(path: Path) -> tuple[dict[str, Any], dict[str, Any], d
     return state, trainer_state, rng
 
 
+def dcp_state(
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, adapter_only: bool = False
+) -> tuple[Any, dict[str, Any]]:
+    """What a DCP checkpoint holds, as ``(options, {"model": ..., "optim": ...})`` for
+    `set_state_dict`: everything, or with ``[lora]`` (``adapter_only``) the trainable
+    adapters and their optimizer state alone. The frozen base is the model's own
+    files, so loading leaves it as it is; a tied output layer, which DCP's
+    ``ignore_frozen_params`` keeps under its second name, is dropped too."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+    if not adapter_only:
+        options = StateDictOptions()
+        model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
+        return options, {"model": model_sd, "optim": optim_sd}
+    options = StateDictOptions(ignore_frozen_params=True, strict=False)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=options)
+    trainable = {name for name, p in model.named_parameters() if p.requires_grad}
+    model_sd = {k: v for k, v in model_sd.items() if k in trainable}
+    return options, {"model": model_sd, "optim": optim_sd}
+
+
 def load_dcp_unsharded(
-    model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Path
+    model: torch.nn.Module, optimizer: torch.optim.Optimizer, path: Path, adapter_only: bool = False
 ) -> None:
     """Load a DCP model + optimizer checkpoint, written by any number of ranks, in one process.
 
     Needs no process group: DCP assembles each tensor from the shards on disk.
     """
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import set_state_dict
 
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
+    options, state = dcp_state(model, optimizer, adapter_only)
     with warnings.catch_warnings():  # DCP warns that it assumes one process: we mean it
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load(state, checkpoint_id=str(path), no_dist=True)
     set_state_dict(
-        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+        options=options,
     )

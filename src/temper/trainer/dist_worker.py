@@ -17,6 +17,10 @@ up to float rounding. FSDP's collectives need every rank to run the same
 forwards and backwards, so ranks with fewer micro-batches run empty ones
 (zero loss mask) and every micro-batch runs the two-call forward.
 
+With ``[lora]`` (``spec.lora``) each rank injects the same peft adapters before
+FSDP2 shards the model; only they train, and what a rank hands back after a step,
+and what its DCP shards hold, is the adapters alone (`_adapter_weights`).
+
 It does not talk to the engine or write the HF checkpoint: the parent does.
 """
 
@@ -32,7 +36,7 @@ import traceback
 import warnings
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -40,21 +44,25 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_model_state_dict,
-    get_state_dict,
     set_state_dict,
 )
 from torch.distributed.tensor import DTensor
 
 from temper.config.algo import AlgoConfig
 from temper.config.distill import DistillConfig
+from temper.config.lora import LoraConfig
 from temper.config.trainer import TrainerConfig
 from temper.records import Trajectory
 from temper.trainer.batching import MicroBatch, collate
+from temper.trainer.checkpoint import dcp_state
 from temper.trainer.packing import PackedMicroBatch, collate_packed, shard_by_tokens
 from temper.trainer.parallel import build_mesh, clip_grad_norm, parallelize
 from temper.trainer.pipeline import StageModel, run_pipeline, tie_groups
 from temper.trainer.policy_trainer import PolicyTrainer
 from temper.trainer.weight_stream import stream_weights
+
+if TYPE_CHECKING:  # imports peft: only a run with [lora] loads it
+    from temper.trainer.lora import LoraAdapter
 
 FULL_CPU = StateDictOptions(full_state_dict=True, cpu_offload=True)
 
@@ -80,6 +88,10 @@ class WorkerSpec:
     #: (None for a served teacher, whose scores come with the trajectories).
     distill: DistillConfig | None = None
     teacher_path: str | None = None
+    #: ``[lora]``: every rank trains these peft adapters over the frozen base, starting
+    #: from the parent's (random) initial adapters, so that all ranks hold the same ones.
+    lora: LoraConfig | None = None
+    lora_init: dict[str, torch.Tensor] | None = None
 
 
 class ShardedPolicyTrainer(PolicyTrainer):
@@ -93,6 +105,7 @@ class ShardedPolicyTrainer(PolicyTrainer):
         device: torch.device,
         ref_model: torch.nn.Module | None = None,
         teacher: torch.nn.Module | None = None,
+        adapter: LoraAdapter | None = None,
     ) -> None:
         self.rank, self.world_size, self.device = rank, spec.world_size, device
         self.sync_bucket_bytes = spec.sync_bucket_bytes
@@ -122,7 +135,7 @@ class ShardedPolicyTrainer(PolicyTrainer):
                 frozen.to(device)
         super().__init__(
             model, spec.cfg, spec.algo, spec.total_steps, spec.pad_id, ref_model=ref_model,
-            teacher=teacher, distill=spec.distill,
+            teacher=teacher, distill=spec.distill, adapter=adapter,
         )  # fmt: skip
 
     def _stage(self, model: torch.nn.Module, cfg: TrainerConfig) -> torch.nn.Module:
@@ -247,10 +260,14 @@ class PipelinedPolicyTrainer(ShardedPolicyTrainer):
 
     @torch.no_grad()
     def _logprobs_no_grad(
-        self, model: torch.nn.Module, trajs: list[Trajectory], rows: list[int] | None = None
+        self,
+        model: torch.nn.Module,
+        trajs: list[Trajectory],
+        rows: list[int] | None = None,
+        temperature: float = 1.0,
     ) -> dict[int, torch.Tensor]:
         if model is not self.model:  # the reference model, whole on every rank
-            return super()._logprobs_no_grad(model, trajs, rows)
+            return super()._logprobs_no_grad(model, trajs, rows, temperature)
         rows = list(range(len(trajs))) if rows is None else rows
         row_sets = [[rows[j] for j in idx] for idx in self._plan([trajs[i] for i in rows])]
         mbs = [self._collate(trajs, r) for r in row_sets]
@@ -355,14 +372,26 @@ def make_trainer(
     model = load_model(spec.model_path, dtype=torch.float32)
     ref = load_model(spec.ref_path, dtype=torch.float32) if spec.ref_path else None
     teacher = load_model(spec.teacher_path, dtype=torch.float32) if spec.teacher_path else None
+    adapter = None
+    if spec.lora is not None:  # before FSDP2 shards it, as the parent's copy was wrapped
+        from temper.trainer.lora import LoraAdapter  # imports peft
+
+        adapter = LoraAdapter.wrap(model, spec.lora)
+        assert spec.lora_init is not None
+        with torch.no_grad():
+            loaded = model.load_state_dict(spec.lora_init, strict=False)
+        if loaded.unexpected_keys:
+            raise RuntimeError(f"the parent's adapters hold {loaded.unexpected_keys[:3]}")
     cls = PipelinedPolicyTrainer if spec.cfg.pp > 1 else ShardedPolicyTrainer
-    return cls(model, spec, rank, device, ref_model=ref, teacher=teacher)
+    return cls(model, spec, rank, device, ref_model=ref, teacher=teacher, adapter=adapter)
 
 
 def _full_weights(trainer: ShardedPolicyTrainer) -> dict[str, torch.Tensor] | None:
     """The full weights for the run (a collective: every rank calls it): streamed into
     rank 0's sink bucket by bucket (returns None), or, with no bucket size, the full
-    state dict on CPU, returned by rank 0 only."""
+    state dict on CPU, returned by rank 0 only. With ``[lora]``: the adapters alone."""
+    if trainer.adapter is not None:
+        return _adapter_weights(trainer)
     if trainer.sync_bucket_bytes > 0:
         sink = trainer.weight_sink if trainer.writes_weights else None
         if trainer.writes_weights and sink is None:
@@ -371,6 +400,18 @@ def _full_weights(trainer: ShardedPolicyTrainer) -> dict[str, torch.Tensor] | No
         return None
     weights = get_model_state_dict(trainer.model, options=FULL_CPU)
     return weights if trainer.rank == 0 else None
+
+
+def _adapter_weights(trainer: ShardedPolicyTrainer) -> dict[str, torch.Tensor] | None:
+    """The trainable (adapter) tensors, each gathered whole (a collective, in the same
+    order on every rank), by the parent's names for them; rank 0 returns them."""
+    out: dict[str, torch.Tensor] = {}
+    for name, param in trainer.model.named_parameters():
+        if param.requires_grad:
+            whole = param.detach()
+            whole = whole.full_tensor() if isinstance(whole, DTensor) else whole
+            out[name] = whole.to("cpu", copy=True)
+    return out if trainer.rank == 0 else None
 
 
 def _attach_sink(trainer: ShardedPolicyTrainer, sink: dict[str, torch.Tensor] | None) -> None:
@@ -390,20 +431,20 @@ def _train_step(trainer: ShardedPolicyTrainer, trajs: list[Trajectory]) -> dict[
 
 
 def _save(trainer: ShardedPolicyTrainer, path: str) -> None:
-    model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
+    _, state = dcp_state(trainer.model, trainer.optimizer, trainer.adapter is not None)
+    dcp.save(state, checkpoint_id=path)
 
 
 def _load_dcp(trainer: ShardedPolicyTrainer, arg: tuple[str, dict]) -> dict[str, Any]:
     path, scheduler = arg
-    model_sd, optim_sd = get_state_dict(trainer.model, trainer.optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
+    options, state = dcp_state(trainer.model, trainer.optimizer, trainer.adapter is not None)
     dcp.load(state, checkpoint_id=path)  # reshards: the writer's world size does not matter
     set_state_dict(
         trainer.model,
         trainer.optimizer,
         model_state_dict=state["model"],
         optim_state_dict=state["optim"],
+        options=options,
     )
     trainer.scheduler.load_state_dict(scheduler)
     return {"weights": _full_weights(trainer)}

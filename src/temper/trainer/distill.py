@@ -3,7 +3,8 @@
 
 At each step's start the frozen teacher runs one forward over the step's
 trajectories (the same micro-batches, packing and images as the policy's own
-forwards) and scores the sampled tokens, or, with a served teacher
+forwards) and scores the sampled tokens (its logits over
+``distill.teacher_temperature``), or, with a served teacher
 (``distill.teacher = URL``), the scores it gave on the rollout side are read from
 `Trajectory.teacher_logprobs`; `temper.algos.distill` turns its logprobs
 and the engine's into per-token advantages, which the policy loss then uses as
@@ -52,7 +53,9 @@ class Distillation:
         distillation metrics: ``distill_reverse_kl`` (per sampled token, student to
         teacher, on the student's samples) and both models' mean token logprob."""
         if self.teacher is not None:
-            teacher = self._logprobs_no_grad(self.teacher, trajs, rows)
+            teacher = self._logprobs_no_grad(
+                self.teacher, trajs, rows, self.distill.teacher_temperature
+            )
         else:  # a served teacher scored them on the rollout side (distill.teacher = URL)
             teacher = {i: served_logprobs(trajs[i], self.device) for i in rows}
         per_row: dict[int, torch.Tensor] = {}

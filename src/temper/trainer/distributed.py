@@ -14,6 +14,13 @@ Checkpoints: `write_sharded_state` has each rank write its shards with DCP;
 `load_checkpoint` loads a DCP checkpoint written at any world size, or a
 world-size-1 checkpoint (full optimizer state in ``trainer.pt``).
 
+With ``[lora]`` every rank, and the parent's copy, carry the same peft adapters
+(`temper.trainer.lora`); FSDP2 shards the frozen base and the adapters alike, but
+only the adapters get gradients and AdamW state. What comes back after a step is
+the adapter alone, gathered whole (a few MB: no shared-memory streaming); the
+engines get it as an adapter update, a checkpoint holds it in peft's format, and
+the DCP shards hold only the adapters and their optimizer state.
+
 Failure: every wait on a rank is bounded by ``trainer.worker_timeout_s`` and
 checks that the ranks are alive. A rank that raises, dies or times out stops
 all ranks and raises `TrainerWorkerError` naming the rank and the command.
@@ -38,11 +45,12 @@ import torch
 
 from temper.config.algo import AlgoConfig
 from temper.config.distill import DistillConfig
+from temper.config.lora import LoraConfig
 from temper.config.trainer import TrainerConfig
 from temper.errors import ConfigError
 from temper.records import Trajectory
 from temper.trainer.base import TrainerAbilities, TrainerDefaults
-from temper.trainer.checkpoint import DCP_DIR
+from temper.trainer.checkpoint import DCP_DIR, dcp_state
 from temper.trainer.dist_worker import WorkerSpec, run_worker
 from temper.trainer.expert_parallel import check_ep
 from temper.trainer.launch import Launch, LaunchedRanks
@@ -102,7 +110,8 @@ class DistributedTrainer(TrainerDefaults):
     like each rank's; it is kept equal to the trained weights after every step
     and load. ``ref_path`` (for a KL penalty) is loaded whole on every rank, and so is
     ``teacher_path`` (``algo.advantage = "distill"`` with a teacher in the trainer).
-    Call `close` when done (the orchestrator does); the ranks also exit if this
+    ``lora``: train peft adapters over the frozen base (``cfg.lr`` is already the
+    adapters' rate). Call `close` when done (the orchestrator does); the ranks also exit if this
     process dies.
     """
 
@@ -120,9 +129,17 @@ class DistributedTrainer(TrainerDefaults):
         launch: Launch | None = None,
         distill: DistillConfig | None = None,
         teacher_path: str | None = None,
+        lora: LoraConfig | None = None,
     ) -> None:
         self.model, self.cfg, self.total_steps = model, cfg, total_steps
         self.world_size = cfg.world_size
+        #: ``[lora]``: the parent's copy's adapters (what engines and checkpoints get).
+        self.adapter = None
+        if lora is not None:  # before spawning: a bad target module is one line here
+            from temper.trainer.lora import LoraAdapter  # imports peft
+
+            self.adapter = LoraAdapter.wrap(model, lora)
+            self.abilities = TrainerAbilities(sharded_state=True, adapter=True)
         if cfg.tp > 1:  # refuse here, in one line, rather than in every rank
             check_tp(model.config, cfg.tp)
         if cfg.ep > 1:
@@ -149,9 +166,12 @@ class DistributedTrainer(TrainerDefaults):
             init_method=launch.init_method if launch else _spawn_init_method(cfg),
             timeout_s=cfg.worker_timeout_s,
             parent_pid=os.getpid(),
-            sync_bucket_bytes=int(cfg.weight_sync_bucket_mb * 2**20),
+            # An adapter comes back whole: it is too small to be worth streaming.
+            sync_bucket_bytes=0 if lora else int(cfg.weight_sync_bucket_mb * 2**20),
             distill=distill if algo.advantage == "distill" else None,
             teacher_path=teacher_path if algo.advantage == "distill" else None,
+            lora=lora,
+            lora_init=self.adapter.trainable() if self.adapter is not None else None,
         )
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
@@ -209,8 +229,15 @@ class DistributedTrainer(TrainerDefaults):
         return results[0]["metrics"]
 
     def engine_state_dict(self) -> dict[str, torch.Tensor]:
-        """Current weights (the parent's copy), detached, for publishing to engines."""
+        """Current weights (the parent's copy), detached, for publishing to engines; with
+        ``[lora]`` the adapter alone (`temper.weights.adapter`)."""
+        if self.adapter is not None:
+            return self.adapter.update()
         return {k: v.detach() for k, v in self.model.state_dict().items()}
+
+    def saved_model(self) -> Any:
+        """The HF model, or with ``[lora]`` peft's (a checkpoint then holds the adapter)."""
+        return self.model if self.adapter is None else self.adapter.peft_model
 
     def state_dict(self) -> dict[str, Any]:
         """The part of the trainer state that goes into ``trainer.pt``; the rest is DCP."""
@@ -228,6 +255,8 @@ class DistributedTrainer(TrainerDefaults):
         (in a temporary directory), so both kinds load through DCP's resharding.
         """
         scheduler = trainer_state["scheduler"]
+        if self.adapter is not None:  # refuses an adapter of another rank or layers
+            self.adapter.load(Path(ckpt))
         if trainer_state.get("format") == "dcp":
             results = self._request("load_dcp", (str(Path(ckpt) / DCP_DIR), scheduler))
         else:
@@ -250,26 +279,29 @@ class DistributedTrainer(TrainerDefaults):
         """
         import torch.distributed.checkpoint as dcp
         from safetensors.torch import load_file
-        from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        weights: dict[str, torch.Tensor] = {}
-        for file in sorted(ckpt.glob("*.safetensors")):
-            weights.update(load_file(str(file)))
-        if weights:
-            self.model.load_state_dict(weights, strict=False)  # a tied head is saved once
+        if self.adapter is None:  # with [lora], `load_checkpoint` read the adapter already
+            weights: dict[str, torch.Tensor] = {}
+            for file in sorted(ckpt.glob("*.safetensors")):
+                weights.update(load_file(str(file)))
+            if weights:
+                self.model.load_state_dict(weights, strict=False)  # a tied head is saved once
         optimizer, _ = build_optimizer(self.model, self.cfg, self.total_steps)
         optimizer.load_state_dict(trainer_state["optimizer"])
-        model_sd, optim_sd = get_state_dict(self.model, optimizer)
+        _, state = dcp_state(self.model, optimizer, self.adapter is not None)
         with warnings.catch_warnings():  # DCP warns that it assumes one process: we mean it
             warnings.filterwarnings("ignore", message="torch.distributed is disabled")
-            dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(out), no_dist=True)
+            dcp.save(state, checkpoint_id=str(out), no_dist=True)
 
     def _adopt(self, weights: dict[str, torch.Tensor] | None) -> None:
-        """Load weights rank 0 sent; None: it already streamed them into this copy."""
+        """Load weights rank 0 sent (with ``[lora]``: the adapters'); None: it already
+        streamed them into this copy."""
         if weights is None:
             return
         with torch.no_grad():
-            self.model.load_state_dict(weights)
+            result = self.model.load_state_dict(weights, strict=self.adapter is None)
+        if result.unexpected_keys:  # the ranks' adapters are this copy's, name for name
+            raise TrainerWorkerError(f"rank 0 sent unknown tensors {result.unexpected_keys[:3]}")
 
     def _request(self, command: str, arg: Any = None) -> list[Any]:
         if not self._finalizer.alive:

@@ -152,9 +152,14 @@ class PolicyTrainer(PreferenceTraining, Distillation, TrainerDefaults):
 
     @torch.no_grad()
     def _logprobs_no_grad(
-        self, model: torch.nn.Module, trajs: list[Trajectory], rows: list[int] | None = None
+        self,
+        model: torch.nn.Module,
+        trajs: list[Trajectory],
+        rows: list[int] | None = None,
+        temperature: float = 1.0,
     ) -> dict[int, torch.Tensor]:
-        """Response-token logprobs [R] of ``trajs[i]`` for i in ``rows`` (default: all)."""
+        """Response-token logprobs [R] of ``trajs[i]`` for i in ``rows`` (default: all),
+        of ``model``'s logits divided by ``temperature`` (a teacher's; the policy's is 1)."""
         rows = list(range(len(trajs))) if rows is None else rows
         result: dict[int, torch.Tensor] = {}
         for idx in self._plan([trajs[i] for i in rows]):
@@ -164,6 +169,8 @@ class PolicyTrainer(PreferenceTraining, Distillation, TrainerDefaults):
             if model is self.model:  # the policy's logits may be a shard of the vocabulary
                 lp = mb.to_rows(self._token_logprobs(logits, mb.targets))
             else:
+                if temperature != 1.0:
+                    logits = logits / temperature
                 lp = mb.to_rows(token_logprobs(logits, mb.targets))
             for row, i in enumerate(batch_rows):
                 result[i] = lp[row]
@@ -469,7 +476,9 @@ class PolicyTrainer(PreferenceTraining, Distillation, TrainerDefaults):
         if self.adapter is not None:
             self.adapter.load(ckpt)
         if trainer_state.get("format") == "dcp":
-            load_dcp_unsharded(self.model, self.optimizer, ckpt / DCP_DIR)
+            load_dcp_unsharded(
+                self.model, self.optimizer, ckpt / DCP_DIR, adapter_only=self.adapter is not None
+            )
             self.scheduler.load_state_dict(trainer_state["scheduler"])
         else:
             self.load_state_dict(trainer_state)
