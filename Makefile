@@ -39,7 +39,7 @@ IN_PROCESS_TESTS := tests/algos tests/config tests/data tests/rollout tests/engi
 	  run_dir.py auto_placement.py learning.py checkpoint_by_default.py cannot_learn.py \
 	  dpo.py async.py self_improve.py policy_objective_runs.py modes.py turn_credit_run.py \
 	  refill.py backend.py reward_check.py stage_model.py advantages_assignment.py \
-	  distill_runs.py) \
+	  distill_runs.py workers.py) \
 	$(addprefix tests/trainer/test_,lora.py critic.py policy_objectives.py packing.py \
 	  policy_trainer.py preference_trainer.py sft_loss.py batching.py weight_stream.py distill_trainer.py \
 	  checkpoint_retention.py checkpoint.py) \

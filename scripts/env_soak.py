@@ -8,7 +8,8 @@ its port. Client processes play episodes through `EnvFleet`/`RemoteEnv`, retryin
 an infra failure up to 3 times; one client is SIGKILLed every ``--vanish-every``
 seconds (its sessions are mid-episode) and replaced; every ``--leave-open-th``
 episode never calls close (the idle reaper must end it). It plays at least
-``--episodes``, and on until one server and one client have been killed.
+``--episodes``, and on until one client has been killed and one server kill has
+failed an episode (which was retried), or ``--max-wall-s`` passed.
 
 Afterwards (clients gone, one idle timeout and a reaper pass later), it checks:
 sessions still open on the servers, sandboxes beyond the warm pools, then (servers
@@ -285,6 +286,9 @@ def main() -> int:
     p.add_argument("--vanish-every", type=float, default=4.0, help="seconds between client kills")
     p.add_argument("--leave-open-th", type=int, default=50, help="every Nth episode not closed")
     p.add_argument("--idle-timeout-s", type=float, default=3.0)
+    p.add_argument(
+        "--max-wall-s", type=float, default=3600.0, help="stop waiting for the episodes and churn"
+    )
     args = p.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     dirs_before = set(scratch_dirs())  # another run's are not this soak's to count
@@ -314,12 +318,17 @@ def main() -> int:
             return int(sum(counters[i * len(FIELDS) + FIELDS.index(field)] for i in range(64)))
 
         def churned() -> bool:  # at least one of each event, however fast the episodes
-            killed = args.servers < 2 or events["server_kills"] > 0
+            # A kill counts once a client saw it (an infra failure, retried): a kill
+            # between two checks may otherwise land before any client noticed it.
+            killed = args.servers < 2 or (events["server_kills"] > 0 and total("infra") > 0)
             return killed and events["client_vanished"] > 0
 
         while total("done") + total("left_open") < args.episodes or not churned():
             time.sleep(0.2)
             now = time.monotonic()
+            if now - t0 > args.max_wall_s:
+                print(f"env_soak: no churn seen in {args.max_wall_s:g}s", file=sys.stderr)
+                break
             if not rss and total("done") > args.episodes // 5:
                 rss.append(survivor.rss_mb())  # after warm-up
             if args.servers > 1 and now - last_kill > args.kill_every:

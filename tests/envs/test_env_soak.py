@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_a_short_soak_leaks_nothing():
     out = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "env_soak.py"), "--episodes=120",
-         "--kill-every=3", "--vanish-every=2", "--leave-open-th=10", "--idle-timeout-s=1"],
+         "--kill-every=3", "--vanish-every=2", "--leave-open-th=10", "--idle-timeout-s=1",
+         "--max-wall-s=300"],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]

@@ -97,6 +97,23 @@ def _spawn_init_method(cfg: TrainerConfig) -> str:
     return f"tcp://{cfg.master_addr or '127.0.0.1'}:{cfg.master_port or _free_port()}"
 
 
+def _check_layout(model: torch.nn.Module, cfg: TrainerConfig, algo: AlgoConfig) -> None:
+    """Refuse a tp, ep or pp layout the model or run cannot take, in one line here
+    rather than in every rank (ConfigError)."""
+    if cfg.tp > 1:
+        check_tp(model.config, cfg.tp)
+    if cfg.ep > 1:
+        check_ep(model, cfg.ep)
+    if cfg.pp > 1:
+        check_pp(model, cfg.pp)
+        if algo.advantage in ("reinforce_pp", "distill") or cfg.weight_sync_bucket_mb == 0:
+            raise ConfigError(
+                f"trainer.pp = {cfg.pp} needs weight_sync_bucket_mb > 0 and an advantage "
+                f"other than {algo.advantage!r} so far (its per-token advantages need "
+                "whole-model logprobs on every stage)"
+            )
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -140,18 +157,7 @@ class DistributedTrainer(TrainerDefaults):
 
             self.adapter = LoraAdapter.wrap(model, lora)
             self.abilities = TrainerAbilities(sharded_state=True, adapter=True)
-        if cfg.tp > 1:  # refuse here, in one line, rather than in every rank
-            check_tp(model.config, cfg.tp)
-        if cfg.ep > 1:
-            check_ep(model, cfg.ep)
-        if cfg.pp > 1:
-            check_pp(model, cfg.pp)
-            if algo.advantage in ("reinforce_pp", "distill") or cfg.weight_sync_bucket_mb == 0:
-                raise ConfigError(
-                    f"trainer.pp = {cfg.pp} needs weight_sync_bucket_mb > 0 and an advantage "
-                    f"other than {algo.advantage!r} so far (its per-token advantages need "
-                    "whole-model logprobs on every stage)"
-                )
+        _check_layout(model, cfg, algo)
         spec = WorkerSpec(
             model_path=model_path,
             ref_path=ref_path if algo.uses_reference else None,
@@ -192,6 +198,11 @@ class DistributedTrainer(TrainerDefaults):
             self._finalizer = weakref.finalize(self, self._ranks.close)
             self._check_replies(self._ranks.startup, "startup")
             return
+        self._spawn(spec)
+
+    def _spawn(self, spec: WorkerSpec) -> None:
+        """Start the ranks as processes of this one, over pipes, and wait until they built."""
+        cfg = self.cfg
         ctx = mp.get_context("spawn")  # fork would copy this process's threads and OpenMP state
         for rank in range(cfg.world_size):
             parent, child = ctx.Pipe()
