@@ -31,7 +31,8 @@ $(VLLM_STAMP): pyproject.toml constraints.txt scripts/setup.sh apt-packages.txt
 demo: setup
 	$(VENV)/bin/temper train --run.overwrite=true
 
-# In-process tests: no server, Ray, browser, sandbox or trainer ranks, and no TCP socket
+# The tests that open no TCP socket: no server, Ray, browser or trainer ranks (bubblewrap
+# sandboxes and rollout-worker processes, over pipes, are in)
 # (tests/conftest.py fails a test of this lane that opens one: the main suite hands
 # free ports to its servers and ranks, and a socket here could take one meanwhile).
 IN_PROCESS_TESTS := tests/algos tests/config tests/data tests/rollout tests/engine tests/models \

@@ -47,7 +47,9 @@ def test_eta_counts_steps_not_the_start_up_before_them():
     from temper.monitor.progress import PlainProgress
 
     plain = PlainProgress(total=10, start=0, every_s=0.0, stream=io.StringIO())
-    began = plain._began
+    # A start-up reading whose sums round: (16351.012274511 + 110) - 16351.012274511 is
+    # 109.99999999999818 in floats (CI once printed 0:01:49 here).
+    began = plain._began = 16351.012274511
     # 100 s of start-up (model load, first eval) before step 1, then 10 s per step.
     assert plain.line(1, METRICS, began + 110).endswith("elapsed 0:01:50  eta 0:16:30")
     assert plain.line(2, METRICS, began + 120).endswith("elapsed 0:02:00  eta 0:01:20")

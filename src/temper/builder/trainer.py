@@ -76,6 +76,7 @@ def build_trainer(cfg: Config, policy: torch.nn.Module, model: RunModel, pad_id:
         return DistributedTrainer(
             policy, model.weights, trainer_cfg, cfg.algo, steps, pad_id, ref_path=ref_path,
             distill=cfg.distill, teacher_path=teacher_path(cfg, model), lora=lora,
+            dpo=cfg.dpo,
         )  # fmt: skip
     device = resolve_device(cfg.trainer.device, "trainer.device")
     policy.to(device)

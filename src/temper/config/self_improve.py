@@ -79,5 +79,5 @@ def check_self_improve(cfg: Any) -> None:
         if mode == "dpo":
             why = "holds to its reference through dpo.beta"
         raise ValueError(f"{what} {why}: set algo.kl_coef = 0")
-    if cfg.trainer.world_size > 1:
+    if cfg.trainer.world_size > 1 and mode != "dpo":  # DPO trains on FSDP2 ranks too
         raise ValueError(f"{what} trains at trainer.world_size = 1 only so far")

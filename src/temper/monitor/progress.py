@@ -42,7 +42,9 @@ def _every_from_env() -> float:
 
 
 def _clock(seconds: float) -> str:
-    s = int(max(0.0, seconds))
+    # Rounded, not floored: a difference of two large monotonic readings may fall a
+    # hair short (109.99999999999818 for 110 s), which must still read 0:01:50.
+    s = round(max(0.0, seconds))
     return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
 
 

@@ -168,7 +168,10 @@ class Orchestrator:
 
     def _dpo_steps(self, cfg: Config) -> DPOSteps | OnlineDPORounds:
         if self.model.vision is not None or not self.trainer.abilities.preference:
-            raise ConfigError("trainer.mode = 'dpo' trains text models at world_size = 1 so far")
+            raise ConfigError(
+                "trainer.mode = 'dpo' trains text models only so far (at any world size, but "
+                "not with a torchrun or mpirun launch)"
+            )
         if cfg.dpo.pairs == "online":
             return OnlineDPORounds(cfg, self.trainer, self.backend, self.sampler)
         pairs = build_preference_pairs(cfg, self.model.tokenizer, self.backend.max_context)

@@ -50,6 +50,7 @@ from torch.distributed.tensor import DTensor
 
 from temper.config.algo import AlgoConfig
 from temper.config.distill import DistillConfig
+from temper.config.dpo import DPOConfig
 from temper.config.lora import LoraConfig
 from temper.config.trainer import TrainerConfig
 from temper.records import Trajectory
@@ -59,6 +60,7 @@ from temper.trainer.packing import PackedMicroBatch, collate_packed, shard_by_to
 from temper.trainer.parallel import build_mesh, clip_grad_norm, parallelize
 from temper.trainer.pipeline import StageModel, run_pipeline, tie_groups
 from temper.trainer.policy_trainer import PolicyTrainer
+from temper.trainer.preference import ResponsePair, plan_pairs
 from temper.trainer.weight_stream import stream_weights
 
 if TYPE_CHECKING:  # imports peft: only a run with [lora] loads it
@@ -92,6 +94,8 @@ class WorkerSpec:
     #: from the parent's (random) initial adapters, so that all ranks hold the same ones.
     lora: LoraConfig | None = None
     lora_init: dict[str, torch.Tensor] | None = None
+    #: ``trainer.mode = "dpo"``: its loss settings (`PreferenceTraining`).
+    dpo: DPOConfig | None = None
 
 
 class ShardedPolicyTrainer(PolicyTrainer):
@@ -135,7 +139,7 @@ class ShardedPolicyTrainer(PolicyTrainer):
                 frozen.to(device)
         super().__init__(
             model, spec.cfg, spec.algo, spec.total_steps, spec.pad_id, ref_model=ref_model,
-            teacher=teacher, distill=spec.distill, adapter=adapter,
+            teacher=teacher, distill=spec.distill, adapter=adapter, dpo=spec.dpo,
         )  # fmt: skip
 
     def _stage(self, model: torch.nn.Module, cfg: TrainerConfig) -> torch.nn.Module:
@@ -180,6 +184,33 @@ class ShardedPolicyTrainer(PolicyTrainer):
         else:  # an empty micro-batch: one masked-out row, so the collectives still line up
             mb = collate([self._filler()], [0], self.pad_id)
         return _widen_responses(mb, 2).to(self.device)
+
+    def _pair_plan(self, batch: list[ResponsePair], packed: bool) -> list[list[int]]:
+        """DPO: this rank's contiguous slice of the mini-batch's pairs, planned, padded
+        with empty micro-batches to the longest plan of any rank (`_pair_backward`)."""
+        n, r, w = len(batch), self.dp_rank, self.dp_size
+        mine = list(range(r * n // w, (r + 1) * n // w))
+        plan = plan_pairs([batch[i] for i in mine], self.cfg.micro_batch_tokens, packed)
+        plan = [[mine[j] for j in group] for group in plan]
+        count = torch.tensor([len(plan)], device=self.device)
+        dist.all_reduce(count, op=dist.ReduceOp.MAX)
+        return plan + [[] for _ in range(int(count.item()) - len(plan))]
+
+    def _pair_backward(
+        self,
+        trajs: list[Trajectory],
+        group: list[int],
+        pairs: list[ResponsePair],
+        total_pairs: int,
+        acc: dict[str, float],
+    ) -> None:
+        if group:
+            super()._pair_backward(trajs, group, pairs, total_pairs, acc)
+            return
+        # An empty micro-batch: a masked-out row through the same forward and backward,
+        # so that FSDP's collectives line up with the other ranks'.
+        mb = self._collate(trajs, [])
+        (self._forward_logits(self.model, mb).sum() * 0.0).backward()
 
     def _filler(self) -> Trajectory:
         """A row that trains nothing (loss mask 0), for a rank with no rows left."""
@@ -450,8 +481,15 @@ def _load_dcp(trainer: ShardedPolicyTrainer, arg: tuple[str, dict]) -> dict[str,
     return {"weights": _full_weights(trainer)}
 
 
+def _train_pairs(trainer: ShardedPolicyTrainer, pairs: list[ResponsePair]) -> dict[str, Any]:
+    return {"metrics": trainer.train_pairs(pairs), "weights": _full_weights(trainer)}
+
+
 HANDLERS = {
     "train_step": _train_step,
+    "train_pairs": _train_pairs,
+    # Every rank scores every row (FSDP needs the same forwards on all); rank 0 answers.
+    "sequence_logprobs": lambda trainer, arg: trainer.sequence_logprobs(*arg),
     "save": _save,
     "load_dcp": _load_dcp,
     "scheduler_state": lambda trainer, _arg: trainer.scheduler.state_dict(),

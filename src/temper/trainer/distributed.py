@@ -45,6 +45,7 @@ import torch
 
 from temper.config.algo import AlgoConfig
 from temper.config.distill import DistillConfig
+from temper.config.dpo import DPOConfig
 from temper.config.lora import LoraConfig
 from temper.config.trainer import TrainerConfig
 from temper.errors import ConfigError
@@ -57,6 +58,7 @@ from temper.trainer.launch import Launch, LaunchedRanks
 from temper.trainer.optim import build_optimizer
 from temper.trainer.parallel import check_tp
 from temper.trainer.pipeline import check_pp
+from temper.trainer.preference import ResponsePair
 from temper.trainer.weight_stream import share_sink
 
 
@@ -125,14 +127,15 @@ class DistributedTrainer(TrainerDefaults):
 
     ``model`` is the parent's CPU copy of the policy, loaded from ``model_path``
     like each rank's; it is kept equal to the trained weights after every step
-    and load. ``ref_path`` (for a KL penalty) is loaded whole on every rank, and so is
-    ``teacher_path`` (``algo.advantage = "distill"`` with a teacher in the trainer).
-    ``lora``: train peft adapters over the frozen base (``cfg.lr`` is already the
-    adapters' rate). Call `close` when done (the orchestrator does); the ranks also exit if this
+    and load. ``ref_path`` (a KL penalty's reference, or online DPO's) is loaded whole
+    on every rank, and so is ``teacher_path`` (``algo.advantage = "distill"`` with a
+    teacher in the trainer). ``lora``: train peft adapters over the frozen base
+    (``cfg.lr`` is already the adapters' rate). ``dpo``: the loss of `train_pairs`.
+    Call `close` when done (the orchestrator does); the ranks also exit if this
     process dies.
     """
 
-    abilities = TrainerAbilities(sharded_state=True)
+    abilities = TrainerAbilities(sharded_state=True, preference=True)
 
     def __init__(
         self,
@@ -147,6 +150,7 @@ class DistributedTrainer(TrainerDefaults):
         distill: DistillConfig | None = None,
         teacher_path: str | None = None,
         lora: LoraConfig | None = None,
+        dpo: DPOConfig | None = None,
     ) -> None:
         self.model, self.cfg, self.total_steps = model, cfg, total_steps
         self.world_size = cfg.world_size
@@ -156,11 +160,11 @@ class DistributedTrainer(TrainerDefaults):
             from temper.trainer.lora import LoraAdapter  # imports peft
 
             self.adapter = LoraAdapter.wrap(model, lora)
-            self.abilities = TrainerAbilities(sharded_state=True, adapter=True)
+            self.abilities = TrainerAbilities(sharded_state=True, adapter=True, preference=True)
         _check_layout(model, cfg, algo)
         spec = WorkerSpec(
             model_path=model_path,
-            ref_path=ref_path if algo.uses_reference else None,
+            ref_path=ref_path,
             cfg=cfg,
             algo=algo,
             total_steps=total_steps,
@@ -178,6 +182,7 @@ class DistributedTrainer(TrainerDefaults):
             teacher_path=teacher_path if algo.advantage == "distill" else None,
             lora=lora,
             lora_init=self.adapter.trainable() if self.adapter is not None else None,
+            dpo=dpo,
         )
         self._procs: list[Any] = []
         self._conns: list[Connection] = []
@@ -238,6 +243,22 @@ class DistributedTrainer(TrainerDefaults):
                 trajs[i].trainer_logprobs = logprobs
         self._adopt(results[0]["weights"])
         return results[0]["metrics"]
+
+    def train_pairs(self, pairs: list[ResponsePair]) -> dict[str, float]:
+        """One DPO update on every rank (each trains its slice of every mini-batch of
+        pairs); returns rank 0's metrics, summed over the ranks."""
+        if not pairs:
+            return {}
+        if any(p.ref_chosen is None or p.ref_rejected is None for p in pairs):
+            raise ValueError("train_pairs: every pair needs its reference logprobs first")
+        results = self._request("train_pairs", pairs)
+        self._adopt(results[0]["weights"])
+        return results[0]["metrics"]
+
+    def sequence_logprobs(self, trajs: list[Trajectory], reference: bool = False) -> list[float]:
+        """Each trajectory's summed logprob of its loss-masked tokens, no grad, under the
+        policy now (``reference``: the frozen reference model on the ranks)."""
+        return self._request("sequence_logprobs", (trajs, reference))[0]
 
     def engine_state_dict(self) -> dict[str, torch.Tensor]:
         """Current weights (the parent's copy), detached, for publishing to engines; with

@@ -110,6 +110,7 @@ class PreferenceTraining:
     scheduler: Any
     cfg: Any
     dpo: Any
+    _reduce_sums: Any  # per-process metric sums, combined
 
     @torch.no_grad()
     def sequence_logprobs(self, trajs: list[Trajectory], reference: bool = False) -> list[float]:
@@ -148,9 +149,9 @@ class PreferenceTraining:
         trajs = pair_rows(batch)
         acc: dict[str, float] = defaultdict(float)
         self.optimizer.zero_grad(set_to_none=True)
-        packed = self._packs(trajs)
-        for group in plan_pairs(batch, self.cfg.micro_batch_tokens, packed):
+        for group in self._pair_plan(batch, self._packs(trajs)):
             self._pair_backward(trajs, group, [batch[i] for i in group], len(batch), acc)
+        acc = self._reduce_sums(acc)
         grad_norm = self._clip_grads()
         lr = self.scheduler.get_last_lr()[0]
         if math.isfinite(grad_norm):
@@ -167,6 +168,11 @@ class PreferenceTraining:
             "lr": (lr, 1.0),
             "train_tokens": (tokens, 1.0),
         }
+
+    def _pair_plan(self, batch: list[ResponsePair], packed: bool) -> list[list[int]]:
+        """The micro-batches (indices of ``batch``'s pairs) this process trains: all of
+        them here; a sharded rank takes its slice (`ShardedPolicyTrainer`)."""
+        return plan_pairs(batch, self.cfg.micro_batch_tokens, packed)
 
     def _pair_backward(
         self,
