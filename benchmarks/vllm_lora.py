@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 
 import torch
-from lora import random_model  # benchmarks/lora.py: the same ~95M-parameter model
 
 from temper.engine.base import SamplingParams
 from temper.engine.vllm_engine import VLLMEngine
@@ -100,6 +99,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=32, help="tokens each sample decodes")
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
+    # After temper's imports: in .venv-vllm temper hides the CUDA torchvision that vLLM
+    # pulls in, which transformers (imported by benchmarks/lora.py) would trip over.
+    from lora import random_model  # the same ~95M-parameter model
+
     tokenizer = load_tokenizer(TINY_DIR)
     with tempfile.TemporaryDirectory(prefix="temper-vllm-lora-") as tmp:
         base = random_model(args)
