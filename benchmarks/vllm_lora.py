@@ -36,7 +36,7 @@ from temper.engine.base import SamplingParams
 from temper.engine.vllm_engine import VLLMEngine
 from temper.models.loader import TINY_DIR, load_tokenizer
 from temper.weights import push_weights
-from temper.weights.adapter import LORA_A, LORA_B, merge
+from temper.weights.adapter import LORA_A, LORA_B, merge_into
 
 LAYERS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 PROMPTS = [[5 + i, 6, 7, 8, 9, 10, 11, 12] for i in range(4)]
@@ -60,17 +60,6 @@ def save(model: torch.nn.Module, directory: Path) -> str:
         if "token" in file.name or file.name == "special_tokens_map.json":
             shutil.copy(file, directory / file.name)
     return str(directory)
-
-
-def merged(model: torch.nn.Module, update: dict[str, torch.Tensor]) -> torch.nn.Module:
-    weights = dict(model.named_parameters())
-    with torch.no_grad():
-        for name in update:
-            if name.endswith(LORA_A):
-                module = name.removesuffix(LORA_A)
-                w = weights[module + ".weight"]
-                w.copy_(merge(w, update[module + LORA_A], update[module + LORA_B]))
-    return model
 
 
 async def _decode(engine: VLLMEngine, rows: int, tokens: int) -> float:
@@ -108,7 +97,7 @@ def main() -> None:
         base = random_model(args)
         update = adapter(base, args.rank)
         base_dir = save(base, Path(tmp) / "base")
-        merged_dir = save(merged(base, update), Path(tmp) / "merged")
+        merged_dir = save(merge_into(base, update), Path(tmp) / "merged")
         engine = VLLMEngine(base_dir, tokenizer, adapter_versions=2, max_lora_rank=args.rank)
         try:
             push_weights(engine, update, 1)

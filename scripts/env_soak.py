@@ -287,6 +287,12 @@ def main() -> int:
     p.add_argument("--leave-open-th", type=int, default=50, help="every Nth episode not closed")
     p.add_argument("--idle-timeout-s", type=float, default=3.0)
     p.add_argument(
+        "--ports",
+        type=lambda text: [int(x) for x in text.split(",")],
+        help="the servers' ports, comma-separated (default: free ones; a killed server "
+        "comes back on its own port)",
+    )
+    p.add_argument(
         "--max-wall-s", type=float, default=3600.0, help="stop waiting for the episodes and churn"
     )
     args = p.parse_args()
@@ -294,7 +300,10 @@ def main() -> int:
     dirs_before = set(scratch_dirs())  # another run's are not this soak's to count
     ctx = mp.get_context("spawn")
     counters = ctx.RawArray("d", 64 * len(FIELDS))  # one slot per client process ever started
-    servers = [Server(port, args.idle_timeout_s) for port in free_ports(args.servers)]
+    ports = args.ports or free_ports(args.servers)
+    if len(ports) != args.servers:
+        p.error(f"--ports gives {len(ports)} ports for --servers={args.servers}")
+    servers = [Server(port, args.idle_timeout_s) for port in ports]
     clients: list[Any] = []
     survivor = servers[-1]
     events = {"server_kills": 0, "client_vanished": 0}

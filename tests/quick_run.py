@@ -15,6 +15,17 @@ from temper.cli.main import main
 
 NO_EVAL = ("--eval.at_start=false", "--eval.at_end=false", "--eval.every=0")
 QUIET = (*NO_EVAL, "--log.progress=false", "--checkpoint.at_end=false")
+#: A short rank-2 LoRA run whose every step learns (tests/trainer/test_lora*.py).
+LORA_RUN = (
+    "--lora.rank=2",
+    "--orchestrator.prompts_per_step=2",
+    "--orchestrator.group_size=4",
+    "--orchestrator.max_response_tokens=12",
+    "--orchestrator.drop_zero_variance_groups=false",
+    "--trainer.lr=5e-4",
+    "--trainer.warmup_steps=0",
+    "--run.seed=3",
+)
 
 
 def exit_code(out: Path, name: str, *overrides: str) -> int:

@@ -2,18 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
+from ports import dead_url
 from temper.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _dead_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"ws://127.0.0.1:{s.getsockname()[1]}/v1"
 
 
 def _one_line_error(capsys) -> str:
@@ -24,7 +18,7 @@ def _one_line_error(capsys) -> str:
 
 def test_servers_that_never_answer_stop_the_run_before_it_starts(tmp_path, capsys):
     args = ["train", str(ROOT / "configs" / "tool_use.toml"), f"--run.output_dir={tmp_path}"]
-    assert main([*args, f'--env.servers=["{_dead_url()}"]']) == 2
+    assert main([*args, f'--env.servers=["{dead_url("ws", "/v1")}"]']) == 2
     assert "no server answered" in _one_line_error(capsys)
     assert main([*args, '--env.servers=["http://127.0.0.1:1/v1"]']) == 2
     assert "not a ws:// or wss:// URL" in _one_line_error(capsys)

@@ -21,7 +21,7 @@ from temper.engine.base import SamplingParams
 from temper.engine.vllm_engine import VLLMEngine
 from temper.models import load_model, load_tokenizer, resolve_model_path
 from temper.weights import push_weights
-from temper.weights.adapter import LORA_A, LORA_B, merge
+from temper.weights.adapter import LORA_A, LORA_B, merge_into
 
 pytestmark = pytest.mark.vllm
 
@@ -41,15 +41,7 @@ def adapter_update(seed: int, rank: int = 4) -> dict[str, torch.Tensor]:
 
 
 def merged_model(update: dict[str, torch.Tensor]) -> torch.nn.Module:
-    model = load_model(PATH)
-    weights = dict(model.named_parameters())
-    with torch.no_grad():
-        for name in update:
-            if name.endswith(LORA_A):
-                module = name.removesuffix(LORA_A)
-                w = weights[module + ".weight"]
-                w.copy_(merge(w, update[module + LORA_A], update[module + LORA_B]))
-    return model
+    return merge_into(load_model(PATH), update)
 
 
 def logprobs(model, prompt: list[int], ids: list[int]) -> torch.Tensor:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import socket
 import time
 
 import pytest
@@ -14,6 +13,7 @@ from websockets.asyncio.client import connect
 
 from counter_env import TASKS
 from env_servers import COUNTER, ServerProcess, ServerThread
+from ports import free_port
 from scripted_engine import ScriptedEngine
 from temper.builder.tasks import build_env_spec
 from temper.engine.base import SamplingParams
@@ -33,12 +33,6 @@ def fleet(*urls: str, options: dict | None = None, **kw) -> EnvFleet:
     options = options or {}
     fingerprint = env_fingerprint(COUNTER, options)
     return EnvFleet(list(urls), fingerprint, env_type=COUNTER, options=options, **kw)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(condition, timeout_s: float = 60.0) -> None:

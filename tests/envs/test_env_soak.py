@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from ports import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -19,7 +21,7 @@ def test_a_short_soak_leaks_nothing():
     out = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "env_soak.py"), "--episodes=120",
          "--kill-every=3", "--vanish-every=2", "--leave-open-th=10", "--idle-timeout-s=1",
-         "--max-wall-s=300"],
+         "--max-wall-s=300", f"--ports={free_port()},{free_port()}"],
         capture_output=True, text=True, timeout=900,
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr[-3000:]

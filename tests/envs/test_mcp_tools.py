@@ -18,6 +18,7 @@ import pytest
 pytest.importorskip("mcp")
 pytest.importorskip("fastmcp")
 
+from ports import free_port
 from scripted_engine import ScriptedEngine
 from temper.builder.tasks import build_env_spec
 from temper.config.env import EpisodeLimits
@@ -137,15 +138,9 @@ def _call(name: str, **arguments) -> str:
     return f"<tool_call>{json.dumps({'name': name, 'arguments': arguments})}</tool_call>"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def http_url():
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, SERVER, "--http", "--port", str(port)],
         stdout=subprocess.DEVNULL,
@@ -313,7 +308,7 @@ def test_options_are_validated():
 
 
 def test_an_unreachable_server_is_an_error_observation():
-    server = MCPServer(url=f"http://127.0.0.1:{_free_port()}/mcp", connect_timeout_s=5)
+    server = MCPServer(url=f"http://127.0.0.1:{free_port()}/mcp", connect_timeout_s=5)
     from temper.envs.tools import Tool
 
     tool = Tool("echo", "", {"type": "object", "properties": {}}, server_call(server))

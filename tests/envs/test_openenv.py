@@ -8,7 +8,6 @@ import asyncio
 import base64
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ from websockets.exceptions import ConnectionClosed
 
 from counter_env import TASKS
 from env_servers import COUNTER, ServerProcess, ServerThread
+from ports import free_port
 from quick_run import metrics, train
 from scripted_engine import ScriptedEngine
 from temper.builder.tasks import build_env_spec
@@ -56,12 +56,6 @@ class StoppingEcho(EchoEnvironment):
 
 app.mount("/stopping", create_app(StoppingEcho, EchoAction, EchoObservation, max_concurrent_envs=4))
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_until(condition, timeout_s: float = 30.0) -> None:

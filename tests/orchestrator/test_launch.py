@@ -5,7 +5,6 @@ with two ranks) whose runs match a one-process run."""
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +13,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from ports import free_port
 from temper.cli.main import main
 from temper.errors import ConfigError
 from temper.trainer.launch import check_world_size, detect_launch
@@ -67,12 +67,6 @@ def test_a_world_size_other_than_the_launchers_is_refused():
         check_world_size(2, launch)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _metrics(run: Path) -> list[dict]:
     return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
 
@@ -112,7 +106,7 @@ def _train_args(out: Path) -> list[str]:
 def test_two_torchrun_nodes_of_two_ranks_match_one_process(tmp_path, one_process):
     torchrun = Path(sys.executable).parent / "torchrun"
     launch = [str(torchrun), "--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
-              f"--rdzv-endpoint=127.0.0.1:{_free_port()}", "--rdzv-id=temper-test"]  # fmt: skip
+              f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--rdzv-id=temper-test"]  # fmt: skip
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     nodes = [
         subprocess.Popen(
@@ -139,7 +133,7 @@ def test_mpirun_two_ranks_match_one_process(tmp_path, one_process):
            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMPI_MCA_rmaps_base_oversubscribe": "1"}  # fmt: skip
     cmd = ["mpirun", "-np", "2", "-x", "PATH", "-x", "TOKENIZERS_PARALLELISM", sys.executable,
            *_train_args(tmp_path), "--trainer.master_addr=127.0.0.1",
-           f"--trainer.master_port={_free_port()}"]  # fmt: skip
+           f"--trainer.master_port={free_port()}"]  # fmt: skip
     done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     _matches_one_process(one_process, tmp_path / "launched", ranks=2)

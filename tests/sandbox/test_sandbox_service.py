@@ -8,11 +8,11 @@ import asyncio
 import contextlib
 import json
 import random
-import socket
 
 import pytest
 
 from env_servers import SandboxThread
+from ports import dead_url
 from temper.envs.base import AssistantTurn
 from temper.envs.tool_use import ToolUseEnv, make_task
 from temper.errors import InfraError
@@ -40,12 +40,6 @@ print(__import__("json").dumps(seen, sort_keys=True))
 """
 
 
-def dead_url() -> str:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return f"ws://127.0.0.1:{s.getsockname()[1]}/v1"
-
-
 def test_remote_runs_equal_local_ones_with_the_same_isolation():
     with SandboxThread() as server, Sandbox(allow_fallback=False) as local:
         remote = RemoteSandbox([server.url])
@@ -69,13 +63,13 @@ def test_remote_runs_equal_local_ones_with_the_same_isolation():
 
 def test_a_call_fails_over_to_the_next_server_and_infra_error_when_none_answers():
     with SandboxThread(pool_size=1) as server:
-        remote = RemoteSandbox([dead_url(), server.url])
+        remote = RemoteSandbox([dead_url("ws", "/v1"), server.url])
         try:
             assert remote.run_python("print(6 * 7)").stdout.strip() == "42"
             assert remote.infra_failures == 1
         finally:
             remote.close()
-    remote = RemoteSandbox([dead_url(), dead_url()])
+    remote = RemoteSandbox([dead_url("ws", "/v1"), dead_url("ws", "/v1")])
     try:
         with pytest.raises(InfraError, match="no sandbox server answered"):
             remote.run_python("print(1)")
@@ -136,7 +130,7 @@ def test_the_python_tool_runs_remotely_and_a_lost_server_is_not_a_tool_error():
             assert asyncio.run(play()) == task.answer
         finally:
             remote.close()
-    remote = RemoteSandbox([dead_url()])
+    remote = RemoteSandbox([dead_url("ws", "/v1")])
 
     async def lost() -> None:
         env = ToolUseEnv(task, remote)

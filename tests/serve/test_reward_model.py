@@ -10,6 +10,7 @@ import httpx
 import pytest
 import torch
 
+from ports import free_port
 from temper import compute
 from temper.records import Task
 from temper.rewards.base import Reward, RewardInput
@@ -198,9 +199,7 @@ def test_reward_http_and_in_process(rm_dir, expected):
 
 
 def test_reward_retries_then_records_error():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     reward = RewardModelReward(
         base_url=f"http://127.0.0.1:{port}", max_retries=2, backoff_s=0.01, failure_score=-1.0
     )
@@ -226,9 +225,7 @@ def test_cli_serve_rm(rm_dir, tmp_path, capsys):
     assert cli_main(["serve-rm", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     cmd = [sys.executable, "-m", "temper.cli.main", "serve-rm", str(rm_dir), "--port", str(port)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:

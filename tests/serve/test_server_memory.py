@@ -23,14 +23,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from ports import free_port
+
 GROWTH_MB = 200
 BIG = 50_000_000
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _memory_mb(pid: int) -> dict[str, float]:
@@ -79,7 +75,7 @@ def _closed_by_server(sock: socket.socket) -> bool:
 @pytest.mark.slow
 @pytest.mark.parametrize("command", ["serve", "serve-rm"])
 def test_peak_memory_stays_bounded(command: str) -> None:
-    port = _free_port()
+    port = free_port()
     url = f"http://127.0.0.1:{port}"
     model = ["tiny-rm"] if command == "serve-rm" else []
     cmd = [sys.executable, "-m", "temper.cli.main", command, *model, "--port", str(port)]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -10,16 +9,11 @@ import time
 import httpx
 import pytest
 
+from ports import free_port
 from temper import compute
 from temper.data.preferences import make_pairs
 from temper.rewards.rm_batcher import load_reward_model
 from temper.rewards.rm_scoring import score_pairs
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _wait_for(url: str, proc: subprocess.Popen, timeout: float = 90) -> None:
@@ -40,7 +34,7 @@ def test_cli_serves_tiny_rm_with_in_process_scores() -> None:
     model, tok = load_reward_model("tiny-rm")
     expected = compute.run(score_pairs, model, tok, pairs)
 
-    port = _free_port()
+    port = free_port()
     cmd = [sys.executable, "-m", "temper.cli.main", "serve-rm", "tiny-rm", "--port", str(port)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"

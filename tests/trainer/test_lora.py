@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from fp32 import ENGINE_PARITY, SAME_MATH
-from quick_run import exit_code, metrics, train
+from quick_run import LORA_RUN, exit_code, metrics, train
 from temper.builder.trainer import build_lora
 from temper.cli.main import main
 from temper.config.lora import LINEAR_LAYERS, LoraConfig
@@ -29,7 +29,7 @@ from temper.trainer.checkpoint import load_checkpoint_state, save_checkpoint
 from temper.trainer.critic import Critic
 from temper.trainer.policy_trainer import PolicyTrainer
 from temper.weights import push_weights
-from temper.weights.adapter import LORA_A, LORA_B, merge
+from temper.weights.adapter import LORA_A, LORA_B, merge, merge_into
 
 PROMPTS = [[1, 87, 85, 20], [1, 87, 85, 21, 22, 23]]
 
@@ -143,9 +143,13 @@ def test_engines_serve_the_trainers_forward_after_each_adapter_update():
     # Each merge starts again from the kept base W0: the engine's weight is W0 + B A
     # computed once, whatever came before (no error accumulates over updates).
     native = engines["native"]
+    merged = dict(merge_into(load_model("tiny"), update).named_parameters())
     for name in ("model.layers.0.self_attn.q_proj", "model.layers.3.mlp.down_proj"):
         want = merge(base[name + ".weight"], update[name + LORA_A], update[name + LORA_B])
         assert torch.equal(native._model.read(name + ".weight"), want)
+        assert torch.equal(merged[name + ".weight"], want)  # the benchmarks' merged model
+    with pytest.raises(ValueError, match="do not fit its weight"):
+        merge_into(load_model("tiny"), {k: v.T for k, v in update.items()})
     for engine in engines.values():
         asyncio.run(engine.close())
 
@@ -204,16 +208,7 @@ def test_undo_restores_the_adapter():
     assert all(torch.equal(before[n], after[n]) for n in before)
 
 
-RUN = (
-    "--lora.rank=2",
-    "--orchestrator.prompts_per_step=2",
-    "--orchestrator.group_size=4",
-    "--orchestrator.max_response_tokens=12",
-    "--orchestrator.drop_zero_variance_groups=false",
-    "--trainer.lr=5e-4",
-    "--trainer.warmup_steps=0",
-    "--run.seed=3",
-)
+RUN = LORA_RUN
 VOLATILE = ("time_", "gen_tokens_per_s", "peak_rss", "placement/")
 
 

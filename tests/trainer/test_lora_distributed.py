@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from quick_run import metrics, train
+from quick_run import LORA_RUN, metrics, train
 from temper.config.lora import LoraConfig
 from temper.config.schema import AlgoConfig, TrainerConfig
 from temper.models import load_model
@@ -114,18 +114,7 @@ def test_two_ranks_train_the_adapters_of_one_process_and_resume_across_world_siz
     assert _gap(resumed.engine_state_dict(), plain.engine_state_dict()) < TOL
 
 
-RUN = (
-    "--lora.rank=2",
-    "--orchestrator.prompts_per_step=2",
-    "--orchestrator.group_size=4",
-    "--orchestrator.max_response_tokens=12",
-    "--orchestrator.drop_zero_variance_groups=false",
-    "--trainer.lr=5e-4",
-    "--trainer.warmup_steps=0",
-    "--eval.every=0",
-    "--eval.at_start=false",
-    "--run.seed=3",
-)
+RUN = (*LORA_RUN, "--eval.every=0", "--eval.at_start=false")
 
 
 @pytest.mark.slow

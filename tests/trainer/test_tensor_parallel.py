@@ -193,11 +193,10 @@ def _sequence_parallel_rank(rank: int, port: int, out: dict) -> None:
 def test_sequence_parallel_splits_the_norms_by_sequence_and_keeps_the_logits():
     # Llama, Qwen2 and Qwen3 layers under TP2 with sequence parallelism, forward only.
     import multiprocessing as mp
-    import socket
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from ports import free_port
+
+    port = free_port()
     ctx = mp.get_context("spawn")
     with ctx.Manager() as manager:
         out = manager.dict()

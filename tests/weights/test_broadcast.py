@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import time
 import traceback
 
@@ -13,15 +12,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as tmp
 
+from ports import free_port
 from temper.weights import BroadcastTransport, Manifest, TensorEntry, WeightTransportError
 from temper.weights.broadcast import plan_buckets
 from temper.weights.transport import _verify
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_state(version: int) -> dict[str, torch.Tensor]:

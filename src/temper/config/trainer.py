@@ -129,8 +129,8 @@ class TrainerConfig(BaseModel):
         None,
         ge=1,
         le=65535,
-        description="Rendezvous port: spawned ranks default to a free one; under a "
-        "launcher, default MASTER_PORT.",
+        description="Rendezvous port: spawned ranks default to a store the run's "
+        "process serves on a port the kernel picks; under a launcher, default MASTER_PORT.",
     )
     backend: Literal["gloo", "nccl"] | None = Field(
         None,

@@ -365,8 +365,23 @@ def _build(rank: int, spec: WorkerSpec) -> ShardedPolicyTrainer:
     return make_trainer(rank, spec, local_rank=rank, local_world_size=spec.world_size)
 
 
+#: An ``init_method`` scheme of our own: the ranks meet at a TCPStore that another
+#: process already serves (`host_store`), so no rank has to bind a port chosen earlier.
+HOSTED_STORE = "store://"
+
+
+def host_store(host: str = "127.0.0.1") -> tuple[dist.TCPStore, str]:
+    """Serve a TCPStore on a port the kernel picks as it binds, and the ``init_method``
+    that sends ranks to it. Rank 0 serving ``tcp://host:<a port found free>`` races any
+    process that binds in between; this store holds its port from the start. Keep the
+    store alive as long as the group (it is the group's rendezvous and barrier)."""
+    store = dist.TCPStore(host, 0, is_master=True, wait_for_workers=False)
+    return store, f"{HOSTED_STORE}{host}:{store.port}"
+
+
 def join_group(rank: int, world_size: int, backend: str, init_method: str, timeout_s: float):
-    """Join the trainer's process group (``init_method``: ``tcp://host:port`` or ``env://``)."""
+    """Join the trainer's process group. ``init_method``: ``tcp://host:port`` (rank 0
+    serves the store there), ``env://``, or ``store://host:port`` (`host_store`)."""
     # DTensor logs a warning for every 2-D redistribution it runs as two collectives
     # (the gradient norm over dp_shard x tp): expected here, and noise in a run's log.
     logging.getLogger("torch.distributed.tensor._redistribute").setLevel(logging.ERROR)
@@ -374,12 +389,16 @@ def join_group(rank: int, world_size: int, backend: str, init_method: str, timeo
     # as a view; nothing after it updates it in place (tested for parity), so FSDP's
     # warning about in-place ops on views is noise here.
     warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view")
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if init_method.startswith(HOSTED_STORE):
+        host, port = init_method.removeprefix(HOSTED_STORE).rsplit(":", 1)
+        store = dist.TCPStore(host, int(port), is_master=False, timeout=timeout)
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world_size, timeout=timeout
+        )
+        return
     dist.init_process_group(
-        backend,
-        init_method=init_method,
-        rank=rank,
-        world_size=world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
+        backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timeout
     )
 
 

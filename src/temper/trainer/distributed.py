@@ -2,7 +2,8 @@
 
 With ``trainer.world_size = N > 1`` the run's process does not train. It
 spawns N ranks (`temper.trainer.dist_worker.run_worker`), all equal, that join
-a process group (gloo on CPU, nccl on CUDA) and hold the model sharded with
+a process group (gloo on CPU, nccl on CUDA) at a TCPStore this process serves
+on a port it holds from the start (`host_store`), and hold the model sharded with
 FSDP2. Each `train_step` pickles the step's trajectories to every rank; every
 rank trains on its slice of each mini-batch and FSDP sums the gradients. Rank 0
 then sends back the metrics and the full weights, gathered to CPU, and the other
@@ -32,7 +33,6 @@ import contextlib
 import dataclasses
 import multiprocessing as mp
 import os
-import socket
 import tempfile
 import time
 import warnings
@@ -52,7 +52,7 @@ from temper.errors import ConfigError
 from temper.records import Trajectory
 from temper.trainer.base import TrainerAbilities, TrainerDefaults
 from temper.trainer.checkpoint import DCP_DIR, dcp_state
-from temper.trainer.dist_worker import WorkerSpec, run_worker
+from temper.trainer.dist_worker import WorkerSpec, host_store, run_worker
 from temper.trainer.expert_parallel import check_ep
 from temper.trainer.launch import Launch, LaunchedRanks
 from temper.trainer.optim import build_optimizer
@@ -93,10 +93,13 @@ class RemoteRanks(Protocol):
     def close(self) -> None: ...
 
 
-def _spawn_init_method(cfg: TrainerConfig) -> str:
-    """Where spawned ranks meet: ``trainer.master_addr``/``master_port``, default this
-    host and a free port."""
-    return f"tcp://{cfg.master_addr or '127.0.0.1'}:{cfg.master_port or _free_port()}"
+def _spawn_rendezvous(cfg: TrainerConfig) -> tuple[Any, str]:
+    """Where spawned ranks meet, and the store this process serves for them (None
+    when ``trainer.master_port`` is set: rank 0 serves it there, as asked)."""
+    host = cfg.master_addr or "127.0.0.1"
+    if cfg.master_port:
+        return None, f"tcp://{host}:{cfg.master_port}"
+    return host_store(host)
 
 
 def _check_layout(model: torch.nn.Module, cfg: TrainerConfig, algo: AlgoConfig) -> None:
@@ -114,12 +117,6 @@ def _check_layout(model: torch.nn.Module, cfg: TrainerConfig, algo: AlgoConfig) 
                 f"other than {algo.advantage!r} so far (its per-token advantages need "
                 "whole-model logprobs on every stage)"
             )
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class DistributedTrainer(TrainerDefaults):
@@ -162,6 +159,10 @@ class DistributedTrainer(TrainerDefaults):
             self.adapter = LoraAdapter.wrap(model, lora)
             self.abilities = TrainerAbilities(sharded_state=True, adapter=True, preference=True)
         _check_layout(model, cfg, algo)
+        #: The spawned ranks' rendezvous store, served here for as long as they run.
+        self._store, init_method = None, launch.init_method if launch else ""
+        if launch is None and cfg.launcher != "ray":
+            self._store, init_method = _spawn_rendezvous(cfg)
         spec = WorkerSpec(
             model_path=model_path,
             ref_path=ref_path,
@@ -173,7 +174,7 @@ class DistributedTrainer(TrainerDefaults):
             backend=resolve_backend(
                 cfg.backend, launch.local_world_size if launch else cfg.world_size
             ),
-            init_method=launch.init_method if launch else _spawn_init_method(cfg),
+            init_method=init_method,
             timeout_s=cfg.worker_timeout_s,
             parent_pid=os.getpid(),
             # An adapter comes back whole: it is too small to be worth streaming.

@@ -4,8 +4,8 @@
 for ``world_size`` actors of ``trainer.ray_num_cpus`` CPUs and
 ``trainer.ray_num_gpus`` GPUs each, in one placement group (pack or spread,
 ``orchestrator.ray_placement``), so the ranks may sit on other machines
-beside the rollout actors. Rank 0's actor picks the rendezvous address (its
-node's IP and a free port there); every actor then joins the process group and
+beside the rollout actors. Rank 0's actor serves the rendezvous store (on its
+node's IP, at a port it holds from the start); every actor then joins the process group and
 builds the same `ShardedPolicyTrainer` as a spawned rank, and serves the same
 commands (`temper.trainer.dist_worker.HANDLERS`), one Ray call each.
 
@@ -19,13 +19,18 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import socket
 import traceback
 from typing import Any
 
 from temper.errors import ConfigError
 from temper.ray_cluster import import_ray
-from temper.trainer.dist_worker import HANDLERS, WorkerSpec, join_group, make_trainer
+from temper.trainer.dist_worker import (
+    HANDLERS,
+    WorkerSpec,
+    host_store,
+    join_group,
+    make_trainer,
+)
 
 
 class TrainerRankActor:
@@ -33,15 +38,15 @@ class TrainerRankActor:
 
     def __init__(self) -> None:
         self.trainer: Any = None
+        self.store: Any = None
 
     def address(self) -> str:
-        """``tcp://<this node's IP>:<a free port here>``: where the ranks meet."""
+        """Serve the ranks' rendezvous store here (rank 0's actor) and say where:
+        ``store://<this node's IP>:<the port it holds>`` (`host_store`)."""
         import ray
 
-        with socket.socket() as s:
-            s.bind(("", 0))
-            port = s.getsockname()[1]
-        return f"tcp://{ray.util.get_node_ip_address()}:{port}"
+        self.store, init_method = host_store(ray.util.get_node_ip_address())
+        return init_method
 
     def build(self, rank: int, spec: WorkerSpec, threads: int) -> tuple[str, Any]:
         try:

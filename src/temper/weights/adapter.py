@@ -79,6 +79,20 @@ def merge(base: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return merged.to(base.dtype)
 
 
+def merge_into(model: torch.nn.Module, update: Mapping[str, torch.Tensor]) -> torch.nn.Module:
+    """Fold adapter ``update`` into ``model``'s weights in place (``W += B @ A`` per layer,
+    checked as `AdapterBase` checks it) and return ``model``: the merged weights an
+    engine's adapter is measured and tested against."""
+    weights = dict(model.named_parameters())
+    pairs = adapter_pairs(update)
+    for name, (a, b) in pairs.items():
+        check_fits(name, weights[name], a, b)
+    with torch.no_grad():
+        for name, (a, b) in pairs.items():
+            weights[name].copy_(merge(weights[name], a, b))
+    return model
+
+
 class AdapterBase:
     """The base weights an engine's adapters merge into (see the module docstring)."""
 
