@@ -14,7 +14,7 @@ VLLM_TESTS := tests/engine/test_vllm_engine.py tests/orchestrator/test_vllm_runs
 	tests/serve/test_vllm_structured.py tests/engine/test_vllm_lora.py
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup setup-vllm demo test test-vllm test-in-process test-fast lint format bench clean
+.PHONY: setup setup-vllm demo test test-vllm test-in-process test-sockets test-fast lint format bench clean
 
 setup: $(STAMP)
 
@@ -36,7 +36,7 @@ demo: setup
 # (tests/conftest.py fails a test of this lane that opens one: the main suite hands
 # free ports to its servers and ranks, and a socket here could take one meanwhile).
 IN_PROCESS_TESTS := tests/algos tests/config tests/data tests/rollout tests/engine tests/models \
-	$(addprefix tests/orchestrator/test_,self_improve_resume.py resume.py critic_runs.py \
+	$(addprefix tests/orchestrator/test_,self_improve_resume.py critic_runs.py \
 	  run_dir.py auto_placement.py learning.py checkpoint_by_default.py cannot_learn.py \
 	  dpo.py async.py self_improve.py policy_objective_runs.py modes.py turn_credit_run.py \
 	  refill.py backend.py reward_check.py stage_model.py advantages_assignment.py \
@@ -62,27 +62,50 @@ IN_PROCESS_TESTS := tests/algos tests/config tests/data tests/rollout tests/engi
 	$(addprefix tests/vision/test_,vlm_training.py vlm_native.py vlm_episodes.py vlm_rollouts.py \
 	  images.py collapse_image_runs.py)
 
-# Three suites run side by side on the two cores: the main one, the in-process tests
-# above, and the vLLM suite (its own environment; no Ray, browser or fixed names). The
-# main suite alone left one core mostly idle (waits on subprocesses, servers, rank
-# start-up). The others' output follows the main suite's; any failing fails the target.
+# The tests whose servers and clients talk over TCP but that start no Ray cluster,
+# trainer ranks or browser env: their fixed ports come from tests/ports.py, a block of
+# their own lane's (TEMPER_TEST_LANE=sockets), so they cannot race the main suite's.
+SOCKET_TESTS := $(addprefix tests/serve/test_,hostile_requests.py openai_extras.py \
+	  openai_server.py reward_model.py server_memory.py tiny_rm_server.py token_ids.py \
+	  untrusted_inputs.py) \
+	$(addprefix tests/envs/test_,env_service.py mcp_tools.py openenv.py env_soak.py) \
+	$(addprefix tests/sandbox/test_,sandbox_service.py isolation.py api.py adversarial.py) \
+	$(addprefix tests/monitor/test_,dashboard.py dashboard_browser.py dashboard_hardening.py \
+	  dashboard_images.py) \
+	tests/agents tests/eval/test_endpoint_eval.py tests/cli/test_env_serve_cli.py \
+	$(addprefix tests/orchestrator/test_,env_run.py model_rewards.py distill_served.py) \
+	tests/weights/test_broadcast.py tests/vision/test_vlm_serving.py tests/rewards/test_judge.py \
+	tests/test_lane_guard.py
+
+# Three pytests run side by side on the two cores: the main suite (Ray, trainer ranks,
+# browsers), the in-process tests, and the vLLM suite (its own environment) followed by
+# the socket tests. The main suite alone left one core mostly idle (waits on
+# subprocesses, servers, rank start-up). The others' output follows the main suite's;
+# any failing fails the target.
 test: setup setup-vllm
-	@vllm_log=$$(mktemp); lane_log=$$(mktemp); lane_tmp=$$(mktemp -d); \
-	$(MAKE) --no-print-directory test-vllm > $$vllm_log 2>&1 & vllm=$$!; \
+	@logs=$$(mktemp -d); \
+	( $(MAKE) --no-print-directory test-vllm > $$logs/vllm 2>&1; echo $$? > $$logs/vllm_rc; \
+	  TEMPER_TEST_LANE=sockets $(PY) -m pytest -q -p no:cacheprovider --basetemp=$$logs/s \
+	    $(SOCKET_TESTS) > $$logs/sockets 2>&1; echo $$? > $$logs/sockets_rc ) & chain=$$!; \
 	TEMPER_TEST_LANE=in-process $(PY) -m pytest -q -p no:cacheprovider \
-	  --basetemp=$$lane_tmp/t $(IN_PROCESS_TESTS) > $$lane_log 2>&1 & lane=$$!; \
-	$(PY) -m pytest -q $(addprefix --ignore=,$(IN_PROCESS_TESTS)); main=$$?; \
-	wait $$lane; lane_rc=$$?; wait $$vllm; vllm_rc=$$?; \
-	echo "--- the in-process tests (TEMPER_TEST_LANE=in-process) ---"; cat $$lane_log; \
-	echo "--- the vLLM suite (.venv-vllm) ---"; cat $$vllm_log; \
-	rm -rf $$vllm_log $$lane_log $$lane_tmp; \
-	test $$main -eq 0 && test $$lane_rc -eq 0 && test $$vllm_rc -eq 0
+	  --basetemp=$$logs/t $(IN_PROCESS_TESTS) > $$logs/lane 2>&1 & lane=$$!; \
+	$(PY) -m pytest -q $(addprefix --ignore=,$(IN_PROCESS_TESTS) $(SOCKET_TESTS)); main=$$?; \
+	wait $$lane; lane_rc=$$?; wait $$chain; \
+	echo "--- the in-process tests (TEMPER_TEST_LANE=in-process) ---"; cat $$logs/lane; \
+	echo "--- the vLLM suite (.venv-vllm) ---"; cat $$logs/vllm; \
+	echo "--- the socket tests (TEMPER_TEST_LANE=sockets) ---"; cat $$logs/sockets; \
+	vllm_rc=$$(cat $$logs/vllm_rc); sockets_rc=$$(cat $$logs/sockets_rc); rm -rf $$logs; \
+	test $$main -eq 0 && test $$lane_rc -eq 0 && test $$vllm_rc -eq 0 && test $$sockets_rc -eq 0
 
 test-in-process: setup
 	TEMPER_TEST_LANE=in-process $(PY) -m pytest -q $(IN_PROCESS_TESTS)
 
+# vLLM's own ports (its process group's store, ZMQ) from the lane's block too.
 test-vllm: setup-vllm
-	$(VLLM_PY) -m pytest -q -p no:cacheprovider $(VLLM_TESTS)
+	TEMPER_TEST_LANE=vllm VLLM_PORT=28000 $(VLLM_PY) -m pytest -q -p no:cacheprovider $(VLLM_TESTS)
+
+test-sockets: setup
+	TEMPER_TEST_LANE=sockets $(PY) -m pytest -q $(SOCKET_TESTS)
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow"
