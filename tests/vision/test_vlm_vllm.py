@@ -122,3 +122,63 @@ def test_vlm_weight_updates_reach_vllm_tower_projector_and_language_model(tmp_pa
     store = ImageStore(tmp_path)
     store.put(load_image(picture(3)))
     assert_trainer_matches_engine(model, trajs, vision, store)
+
+
+def test_adapter_updates_reach_vllms_language_model_under_the_vlms_names(tmp_path):
+    """A `[lora]` trainer of a VLM publishes adapters of its language model under the
+    VLM's HF names (``model.language_model.*``); vLLM loads each as a LoRA of its
+    LLaVA and serves the trainer's merged forward over the images (made at random
+    here: this environment has no peft; tests/vision/test_vlm_lora.py has the trainer)."""
+    from transformers import AutoTokenizer
+
+    from temper.engine.vllm_engine import VLLMEngine
+    from temper.models import load_model, resolve_model_path
+    from temper.weights import push_weights
+    from temper.weights.adapter import LORA_A, LORA_B, merge_into
+
+    path = resolve_model_path("tiny_vlm")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    vision = VisionProcessor.from_pretrained(path)
+    store = ImageStore(tmp_path)
+    store.put(load_image(picture(3)))
+    task = Task(
+        id="t",
+        prompt=[
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image", "image": picture(3)},
+                    {"type": "text", "text": "What is it?"},
+                ],
+            }
+        ],
+    )
+    params = SamplingParams(n=2, temperature=1.0, max_new_tokens=6)
+    engine = VLLMEngine(
+        str(path), tokenizer, dtype="float32", max_context=256, adapter_versions=1,
+        max_lora_rank=4,
+    )  # fmt: skip
+    layers = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+    async def rollouts():
+        renderer = PromptRenderer(tokenizer, vision=vision)
+        groups = await rollout_groups(engine, renderer, [task], params, seed=5)
+        return [t for g in groups for t in g]
+
+    try:
+        for version in (1, 2):
+            g = torch.Generator().manual_seed(version)
+            update = {}
+            for name, module in load_model(path).named_modules():
+                if name.startswith("model.language_model.") and name.endswith(layers):
+                    update[name + LORA_A] = torch.randn(4, module.in_features, generator=g) / 10
+                    update[name + LORA_B] = torch.randn(module.out_features, 4, generator=g) / 10
+            push_weights(engine, update, version)
+            trajs = asyncio.run(rollouts())
+            assert all(v == version for t in trajs for v in t.versions)
+            merged = merge_into(load_model(path), update).eval()
+            assert_trainer_matches_engine(merged, trajs, vision, store)
+            with pytest.raises(AssertionError):  # the base would not: the adapter counts
+                assert_trainer_matches_engine(load_model(path).eval(), trajs, vision, store)
+    finally:
+        asyncio.run(engine.close())

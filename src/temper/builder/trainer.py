@@ -1,8 +1,9 @@
 """The run's trainer from `[trainer]`, `[algo]`, `[critic]` and `[lora]`: a `PolicyTrainer`
 in this process at ``world_size = 1``, else a `DistributedTrainer` over spawned, launched
 (torchrun, mpirun) or Ray ranks. With ``[lora]`` the policy gets peft's adapters first
-(`build_lora`; text models; on every rank at world size > 1). With ``algo.advantage = "distill"`` it holds
-the frozen teacher too (`teacher_path`: the student's tokenizer; on every rank)."""
+(`build_lora`: a VLM's language model only; on every rank at world size > 1). With
+``algo.advantage = "distill"`` it holds the frozen teacher too (`teacher_path`: the
+student's tokenizer; on every rank)."""
 
 from __future__ import annotations
 
@@ -39,12 +40,6 @@ def build_trainer(cfg: Config, policy: torch.nn.Module, model: RunModel, pad_id:
     steps = cfg.orchestrator.steps
     lora, trainer_cfg = None, cfg.trainer
     if cfg.lora.enabled:
-        if model.vision is not None:
-            raise ConfigError(
-                "lora.rank trains text models only so far: a vision-language model's tower "
-                "has linear layers of the same names, and the engines' image encoder takes "
-                "no adapter updates; remove [lora] or use a text model"
-            )
         lora = cfg.lora
         # The adapters' rate; a critic (built below, world size 1) keeps cfg.trainer.lr.
         trainer_cfg = cfg.trainer.model_copy(update={"lr": cfg.trainer.lr * lora.lr_multiplier})

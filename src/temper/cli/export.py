@@ -5,7 +5,8 @@ A checkpoint of a run with ``[lora]`` holds the adapter (peft's
 ``model.path`` cannot point at it. Export writes
 
 - ``OUT/``: the base model with the adapter merged into its weights (``W0 + scale
-  B A``), and the tokenizer: an HF model directory like any other;
+  B A``), and the tokenizer (a VLM's whole processor): an HF model directory like
+  any other;
 - ``OUT/adapter/``: the adapter alone, in peft's format, as the checkpoint holds it
   (``PeftModel.from_pretrained(base, OUT/adapter)`` loads it).
 
@@ -59,6 +60,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from temper.builder.trainer import build_lora
     from temper.config.lora import LoraConfig
     from temper.models import load_model, load_tokenizer
+    from temper.vision.processor import VisionProcessor
 
     quiet_libraries()
     lora = LoraConfig(
@@ -73,7 +75,9 @@ def cmd_export(args: argparse.Namespace) -> int:
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         merged.save_pretrained(tmp, safe_serialization=True)
-        load_tokenizer(ckpt).save_pretrained(tmp)
+        # A VLM's checkpoint holds its processor (tokenizer, image processor, template).
+        vision = VisionProcessor.from_pretrained(ckpt)
+        (load_tokenizer(ckpt) if vision is None else vision.processor).save_pretrained(tmp)
         (tmp / "adapter").mkdir()
         for name in ADAPTER_FILES:
             shutil.copy2(ckpt / name, tmp / "adapter" / name)

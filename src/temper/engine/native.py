@@ -327,19 +327,25 @@ class NativeEngine(EngineDefaults):
 
     def _load_weights(self, state_dict: Mapping[str, torch.Tensor], version: int) -> None:
         with self._lock:
-            if is_adapter_update(state_dict):
-                # Merged into the engine's own weights, so decoding costs what it did
-                # before (a LoRA-aware forward measured slower: docs/algorithms.md).
-                state_dict = self._adapters.merged(state_dict, self._model.read)
-            else:
-                self._adapters.forget(state_dict)
+            text, vision = dict(state_dict), {}
             if self._encoder is not None:
                 text, vision = split_vlm_state_dict(state_dict)
                 self._encoder.check_state_dict(vision)  # before any copy: all or nothing
-                self._model.load_state_dict(text)
-                self._encoder.load_state_dict(vision)  # also drops the cached features
+            if is_adapter_update(state_dict):
+                if vision:
+                    raise ValueError(
+                        f"adapter update: {next(iter(vision))} is on the image side, which "
+                        "takes full weights only"
+                    )
+                # Merged into the engine's own weights, so decoding costs what it did
+                # before (a LoRA-aware forward measured slower: docs/algorithms.md).
+                text = self._adapters.merged(text, self._model.read)
             else:
-                self._model.load_state_dict(state_dict)
+                self._adapters.forget(text)
+            self._model.load_state_dict(text)
+            if vision:  # new image-side weights: the cached features go too
+                assert self._encoder is not None
+                self._encoder.load_state_dict(vision)
             self.version = int(version)
             if self._runner.prefix is not None:
                 self._runner.prefix.clear()  # its keys/values came from the old weights

@@ -13,11 +13,16 @@ and merging it for export.
 What the engines get is `update`: two small tensors per layer in the format of
 `temper.weights.adapter` (A, and B already multiplied by the scale), which they
 merge into their own copy of the base weights.
+
+A vision-language model gets adapters in its language model only: the vision tower
+and the projector stay as loaded (peft's ``exclude_modules``), so an update never
+changes an image's features and the engines keep the ones they encoded.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -33,19 +38,41 @@ from temper.weights.adapter import LORA_A, LORA_B
 
 #: The name peft gives the one adapter Temper trains.
 ADAPTER = "default"
+#: Module-name prefixes of a VLM's image side (vision tower and projector): LLaVA,
+#: Qwen2-VL, Idefics3/SmolVLM. A text model has none of them.
+IMAGE_SIDE_PREFIXES = (
+    "model.vision_tower.",
+    "vision_tower.",
+    "model.visual.",
+    "visual.",
+    "model.vision_model.",
+    "vision_model.",
+    "model.multi_modal_projector.",
+    "multi_modal_projector.",
+    "model.connector.",
+    "connector.",
+)
+#: The same as one regex over whole module names, as peft's ``exclude_modules`` takes it.
+IMAGE_SIDE_PATTERN = "(" + "|".join(re.escape(p) for p in IMAGE_SIDE_PREFIXES) + ").*"
 #: The files of an adapter in peft's format.
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 
 
 def linear_layer_names(model: torch.nn.Module) -> list[str]:
-    """The last parts of the names of ``model``'s linear layers, sorted (its LM head too)."""
+    """The last parts of the names of ``model``'s linear layers that may take an adapter,
+    sorted: its LM head too, but not a VLM's vision tower or projector."""
     names = {
         name.rsplit(".", 1)[-1]
         for name, module in model.named_modules()
-        if isinstance(module, torch.nn.Linear)
+        if isinstance(module, torch.nn.Linear) and not name.startswith(IMAGE_SIDE_PREFIXES)
     }
     return sorted(names)
+
+
+def has_image_side(model: torch.nn.Module) -> bool:
+    """Whether ``model`` has modules that `IMAGE_SIDE_PREFIXES` names (a VLM)."""
+    return any(name.startswith(IMAGE_SIDE_PREFIXES) for name, _ in model.named_modules())
 
 
 def check_targets(model: torch.nn.Module, cfg: LoraConfig) -> None:
@@ -53,9 +80,10 @@ def check_targets(model: torch.nn.Module, cfg: LoraConfig) -> None:
     have = linear_layer_names(model)
     unknown = [name for name in cfg.target_modules if name not in have]
     if unknown:
+        where = " outside its vision tower and projector" if has_image_side(model) else ""
         raise ConfigError(
             f"lora.target_modules: {', '.join(map(repr, unknown))} names no linear layer of "
-            f"{type(model).__name__} (its linear layers: {', '.join(have)})"
+            f"{type(model).__name__}{where} (its linear layers: {', '.join(have)})"
         )
 
 
@@ -75,13 +103,15 @@ class LoraAdapter:
 
     @classmethod
     def wrap(cls, model: torch.nn.Module, cfg: LoraConfig) -> LoraAdapter:
-        """Inject adapters into ``model`` in place (checked first: `check_targets`)."""
+        """Inject adapters into ``model`` in place (checked first: `check_targets`); a
+        VLM's image side gets none."""
         check_targets(model, cfg)
         config = PeftLoraConfig(
             r=cfg.rank,
             lora_alpha=cfg.alpha,
             lora_dropout=cfg.dropout,
             target_modules=list(cfg.target_modules),
+            exclude_modules=IMAGE_SIDE_PATTERN if has_image_side(model) else None,
             bias="none",
         )
         with warnings.catch_warnings():  # transformers' deprecation notes, not ours to fix
