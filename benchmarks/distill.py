@@ -10,7 +10,8 @@ a ``temper train`` process, for each of ``--seeds``:
   ``--distill-group-size`` samples per prompt (a teacher scores every token, so a
   group needs no second sample to compare with) and the same prompts per step;
   ``--teacher-temperature`` (``distill.teacher_temperature``) and
-  ``--distill-reward-weight`` (``distill.reward_weight``) set the rest.
+  ``--distill-reward-weight`` (``distill.reward_weight``), ``--distill-lr`` and
+  ``--distill-schedule`` (its ``trainer.lr`` and ``trainer.schedule``) set the rest.
 
 Both evaluate greedily on the same held-out tasks every ``--eval-every`` steps. The
 measure is held-out accuracy against the student tokens generated so far (the sum
@@ -69,6 +70,8 @@ def arm_args(arm: str, seed: int, teacher: str, args: argparse.Namespace, out: s
             f"--orchestrator.group_size={args.distill_group_size}",
             f"--distill.teacher_temperature={args.teacher_temperature}",
             f"--distill.reward_weight={args.distill_reward_weight}",
+            f"--trainer.schedule={args.distill_schedule}",
+            *([f"--trainer.lr={args.distill_lr}"] if args.distill_lr else []),
             # The teacher's accuracy is measured once, by the teacher run's own eval.
             "--distill.teacher_eval=false",
         ]
@@ -117,6 +120,15 @@ def main() -> None:
         "--teacher-temperature", type=float, default=1.0, help="distill.teacher_temperature"
     )
     ap.add_argument("--distill-reward-weight", type=float, default=0.0, help="needs a group >= 2")
+    ap.add_argument(
+        "--distill-lr", type=float, default=None, help="its trainer.lr (default: the demo's)"
+    )
+    ap.add_argument(
+        "--distill-schedule",
+        choices=["constant", "cosine", "linear"],
+        default="constant",
+        help="its trainer.schedule (the demo's: constant)",
+    )
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--out", default=None, help="where the runs go (default: a temp dir)")
     args = ap.parse_args()
@@ -152,6 +164,8 @@ def main() -> None:
                     "group_size": args.distill_group_size,
                     "teacher_temperature": args.teacher_temperature,
                     "reward_weight": args.distill_reward_weight,
+                    "lr": args.distill_lr,
+                    "schedule": args.distill_schedule,
                 },
                 "seeds": args.seeds,
                 "arms": arms,

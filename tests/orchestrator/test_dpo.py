@@ -96,6 +96,32 @@ def test_dataset_dpo_raises_heldout_preference_accuracy(tmp_path):
     assert _moved(run, 4)
 
 
+@pytest.mark.slow
+def test_dataset_dpo_with_lora_trains_the_adapter_only(tmp_path):
+    """DPO with ``[lora]``: the reference is the base (the adapter's B starts at 0, so
+    step 1's loss is log 2), held-out preference accuracy rises, and the checkpoint
+    holds the adapter and no model weights."""
+    code = main(
+        [
+            "train", *SHORT, f"--run.output_dir={tmp_path}", "--run.name=lora",
+            "--orchestrator.steps=4", "--orchestrator.prompts_per_step=16",
+            "--dpo.size=64", "--dpo.eval_size=64", "--trainer.lr=3e-4", "--lora.rank=4",
+        ]
+    )  # fmt: skip
+    assert code == 0
+    run = tmp_path / "lora"
+    rows = _rows(run / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert rows[0]["dpo/loss"] == pytest.approx(math.log(2), abs=1e-4)
+    start, end = _eval(run, 0), _eval(run, 4)
+    assert start["preference_accuracy"] == 0.0 and start["preference_margin"] == 0.0
+    assert end["preference_accuracy"] > 0.6 and end["preference_margin"] > 0
+    ckpt = run / "checkpoints" / "step_4"
+    adapter = load_file(str(ckpt / "adapter_model.safetensors"))
+    assert any("lora_B" in k and bool(v.abs().max() > 0) for k, v in adapter.items())
+    assert not list(ckpt.glob("model*.safetensors"))
+
+
 def test_online_dpo_pairs_samples_by_reward_and_trains(tmp_path):
     code = main(
         [

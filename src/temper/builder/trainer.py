@@ -52,15 +52,17 @@ def build_trainer(cfg: Config, policy: torch.nn.Module, model: RunModel, pad_id:
             )
         check_world_size(cfg.trainer.world_size, launch)
         trainer_cfg = trainer_cfg.model_copy(update={"world_size": launch.world_size})
-        if model.vision is not None or cfg.algo.advantage == "gae" or cfg.trainer.mode != "rl":
+        unsupported = model.vision is not None or cfg.algo.advantage == "gae"
+        if unsupported or cfg.trainer.mode in ("sft", "rft"):
             raise ConfigError(
                 f"{launch.launcher} with {launch.world_size} ranks: launched trainers run RL "
-                "on text models without a critic so far (not a vision-language model, "
-                "algo.advantage = 'gae', or trainer.mode = 'sft'/'rft'/'dpo')"
+                "and DPO on text models without a critic so far (not a vision-language "
+                "model, algo.advantage = 'gae', or trainer.mode = 'sft'/'rft')"
             )
         return DistributedTrainer(
             policy, model.weights, trainer_cfg, cfg.algo, steps, pad_id, ref_path=ref_path,
             launch=launch, distill=cfg.distill, teacher_path=teacher_path(cfg, model), lora=lora,
+            dpo=cfg.dpo,
         )  # fmt: skip
     if cfg.trainer.world_size > 1:
         if model.vision is not None:

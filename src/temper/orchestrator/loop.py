@@ -169,8 +169,7 @@ class Orchestrator:
     def _dpo_steps(self, cfg: Config) -> DPOSteps | OnlineDPORounds:
         if self.model.vision is not None or not self.trainer.abilities.preference:
             raise ConfigError(
-                "trainer.mode = 'dpo' trains text models only so far (at any world size, but "
-                "not with a torchrun or mpirun launch)"
+                "trainer.mode = 'dpo' trains text models only so far (at any world size)"
             )
         if cfg.dpo.pairs == "online":
             return OnlineDPORounds(cfg, self.trainer, self.backend, self.sampler)
