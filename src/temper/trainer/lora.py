@@ -34,6 +34,7 @@ from safetensors.torch import load_file
 
 from temper.config.lora import LoraConfig
 from temper.errors import ConfigError
+from temper.trainer.policy_trainer import VISION_TOWER_PREFIXES
 from temper.weights.adapter import LORA_A, LORA_B
 
 #: The name peft gives the one adapter Temper trains.
@@ -41,12 +42,7 @@ ADAPTER = "default"
 #: Module-name prefixes of a VLM's image side (vision tower and projector): LLaVA,
 #: Qwen2-VL, Idefics3/SmolVLM. A text model has none of them.
 IMAGE_SIDE_PREFIXES = (
-    "model.vision_tower.",
-    "vision_tower.",
-    "model.visual.",
-    "visual.",
-    "model.vision_model.",
-    "vision_model.",
+    *VISION_TOWER_PREFIXES,
     "model.multi_modal_projector.",
     "multi_modal_projector.",
     "model.connector.",
