@@ -121,3 +121,25 @@ def assert_trainer_matches_engine(model, trajs, vision, store):
         want = torch.tensor(t.behaviour_logprobs)[sampled]
         torch.testing.assert_close(got, want, **ENGINE_PARITY)
     return mb
+
+
+def picture_png(seed: int) -> bytes:
+    """`picture(seed)` as PNG bytes, as a dataset row stores an image."""
+    import io
+
+    buf = io.BytesIO()
+    picture(seed).save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def picture_dataset(path, seeds) -> None:
+    """A parquet dataset at ``path``: one row per seed, its picture and a question."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = {
+        "prompt": ["<image>How many squares are there? Answer with a number." for _ in seeds],
+        "answer": ["3" for _ in seeds],
+        "images": [[picture_png(s)] for s in seeds],
+    }
+    pq.write_table(pa.table(rows), path)

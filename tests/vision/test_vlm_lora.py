@@ -29,6 +29,7 @@ from temper.vision.processor import VisionProcessor, pixel_source
 from temper.weights import push_weights
 from temper.weights.adapter import LORA_A, LORA_B
 from tiny_llava import assert_trainer_matches_engine, picture, picture_task
+from tiny_llava import picture_dataset as _dataset
 
 SEEDS = (1, 2)
 PARAMS = SamplingParams(n=2, temperature=1.0, max_new_tokens=6)
@@ -112,25 +113,6 @@ def test_engines_serve_the_trainers_forward_over_images_after_each_adapter_updat
     trainer.model.eval()
     with pytest.raises(AssertionError):
         assert_trainer_matches_engine(trainer.model, first, vision, store)
-
-
-def _dataset(path, seeds) -> None:
-    import io
-
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    def png(seed: int) -> bytes:
-        buf = io.BytesIO()
-        picture(seed).save(buf, format="PNG")
-        return buf.getvalue()
-
-    rows = {
-        "prompt": ["<image>How many squares are there? Answer with a number." for _ in seeds],
-        "answer": ["3" for _ in seeds],
-        "images": [[png(s)] for s in seeds],
-    }
-    pq.write_table(pa.table(rows), path)
 
 
 def _run_args(llava_path, tmp_path, name: str, *extra: str) -> list[str]:

@@ -4,31 +4,14 @@ and images, and a checkpoint that loads back as a VLM with its processor."""
 
 from __future__ import annotations
 
-import io
 import json
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from temper.cli.main import main
 from temper.vision import load_image
-from tiny_llava import picture
-
-
-def _png(seed: int) -> bytes:
-    buf = io.BytesIO()
-    picture(seed).save(buf, format="PNG")
-    return buf.getvalue()
-
-
-def _dataset(path, seeds) -> None:
-    rows = {
-        "prompt": ["<image>How many squares are there? Answer with a number." for _ in seeds],
-        "answer": ["3" for _ in seeds],
-        "images": [[_png(s)] for s in seeds],
-    }
-    pq.write_table(pa.table(rows), path)
+from tiny_llava import picture_dataset as _dataset
+from tiny_llava import picture_png as _png
 
 
 @pytest.mark.slow

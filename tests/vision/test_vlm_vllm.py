@@ -14,7 +14,7 @@ from temper.records import Task
 from temper.rollout.single_turn import PromptRenderer, rollout_groups
 from temper.vision import ImageStore, load_image
 from temper.vision.processor import VisionProcessor
-from tiny_llava import assert_trainer_matches_engine, picture
+from tiny_llava import assert_trainer_matches_engine, picture, picture_task
 
 pytest.importorskip("vllm")
 pytestmark = pytest.mark.vllm
@@ -141,18 +141,7 @@ def test_adapter_updates_reach_vllms_language_model_under_the_vlms_names(tmp_pat
     vision = VisionProcessor.from_pretrained(path)
     store = ImageStore(tmp_path)
     store.put(load_image(picture(3)))
-    task = Task(
-        id="t",
-        prompt=[
-            {
-                "role": "user",
-                "content": [
-                    {"type": "image", "image": picture(3)},
-                    {"type": "text", "text": "What is it?"},
-                ],
-            }
-        ],
-    )
+    task = picture_task(0, 3, "What is it?")
     params = SamplingParams(n=2, temperature=1.0, max_new_tokens=6)
     engine = VLLMEngine(
         str(path), tokenizer, dtype="float32", max_context=256, adapter_versions=1,

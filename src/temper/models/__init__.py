@@ -8,7 +8,8 @@ the built-in tiny policy (`tiny/`), reward model (`tiny_rm/`), VLM (`tiny_vlm/`)
 never re-tokenised), `templates.py` (``model.chat_template``: the tokenizer's own
 template, ``raw`` plain text for base models, a built-in one, or a ``.jinja`` file),
 `tool_calls.py` (the Hermes ``<tool_call>`` format parsed into `ToolCall`s and
-`ToolCallError`s).
+`ToolCallError`s), `vlm_parts.py` (the name prefixes of a VLM's vision tower and
+projector).
 """
 
 import importlib

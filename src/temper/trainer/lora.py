@@ -34,20 +34,11 @@ from safetensors.torch import load_file
 
 from temper.config.lora import LoraConfig
 from temper.errors import ConfigError
-from temper.trainer.policy_trainer import VISION_TOWER_PREFIXES
+from temper.models.vlm_parts import IMAGE_SIDE_PREFIXES
 from temper.weights.adapter import LORA_A, LORA_B
 
 #: The name peft gives the one adapter Temper trains.
 ADAPTER = "default"
-#: Module-name prefixes of a VLM's image side (vision tower and projector): LLaVA,
-#: Qwen2-VL, Idefics3/SmolVLM. A text model has none of them.
-IMAGE_SIDE_PREFIXES = (
-    *VISION_TOWER_PREFIXES,
-    "model.multi_modal_projector.",
-    "multi_modal_projector.",
-    "model.connector.",
-    "connector.",
-)
 #: The same as one regex over whole module names, as peft's ``exclude_modules`` takes it.
 IMAGE_SIDE_PATTERN = "(" + "|".join(re.escape(p) for p in IMAGE_SIDE_PREFIXES) + ").*"
 #: The files of an adapter in peft's format.

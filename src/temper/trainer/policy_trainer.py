@@ -57,6 +57,7 @@ from temper.config.distill import DistillConfig
 from temper.config.dpo import DPOConfig
 from temper.config.trainer import TrainerConfig
 from temper.devices import trainer_precision
+from temper.models.vlm_parts import VISION_TOWER_PREFIXES
 from temper.records import Trajectory
 from temper.trainer.base import TrainerAbilities, TrainerDefaults
 from temper.trainer.batching import MicroBatch, PixelSource, collate, plan_micro_batches
@@ -497,17 +498,6 @@ def _stack_rows(rows: list[torch.Tensor], like: torch.Tensor) -> torch.Tensor:
         n = min(row.shape[0], like.shape[1])
         out[r, :n] = row[:n]
     return out.to(like.device)
-
-
-#: Parameter-name prefixes of HF vision encoders (LLaVA, Qwen2-VL, Idefics3/SmolVLM).
-VISION_TOWER_PREFIXES = (
-    "model.vision_tower.",
-    "vision_tower.",
-    "model.visual.",
-    "visual.",
-    "model.vision_model.",
-    "vision_model.",
-)
 
 
 def freeze_vision_tower(model: torch.nn.Module) -> int:
