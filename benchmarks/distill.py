@@ -9,7 +9,8 @@ a ``temper train`` process, for each of ``--seeds``:
 - **distill**: ``algo.advantage = "distill"`` from the teacher, with
   ``--distill-group-size`` samples per prompt (a teacher scores every token, so a
   group needs no second sample to compare with) and the same prompts per step;
-  ``--teacher-temperature`` (``distill.teacher_temperature``) and
+  ``--teacher-temperature`` (``distill.teacher_temperature``),
+  ``--distill-estimator`` (``distill.estimator``) and
   ``--distill-reward-weight`` (``distill.reward_weight``), ``--distill-lr`` and
   ``--distill-schedule`` (its ``trainer.lr`` and ``trainer.schedule``) set the rest.
 
@@ -69,6 +70,7 @@ def arm_args(arm: str, seed: int, teacher: str, args: argparse.Namespace, out: s
             f"--distill.teacher={teacher}",
             f"--orchestrator.group_size={args.distill_group_size}",
             f"--distill.teacher_temperature={args.teacher_temperature}",
+            f"--distill.estimator={args.distill_estimator}",
             f"--distill.reward_weight={args.distill_reward_weight}",
             f"--trainer.schedule={args.distill_schedule}",
             *([f"--trainer.lr={args.distill_lr}"] if args.distill_lr else []),
@@ -119,6 +121,12 @@ def main() -> None:
     ap.add_argument(
         "--teacher-temperature", type=float, default=1.0, help="distill.teacher_temperature"
     )
+    ap.add_argument(
+        "--distill-estimator",
+        choices=["sampled", "full"],
+        default="sampled",
+        help="distill.estimator: one sampled token's term, or the KL over the vocabulary",
+    )
     ap.add_argument("--distill-reward-weight", type=float, default=0.0, help="needs a group >= 2")
     ap.add_argument(
         "--distill-lr", type=float, default=None, help="its trainer.lr (default: the demo's)"
@@ -163,6 +171,7 @@ def main() -> None:
                 "distill": {
                     "group_size": args.distill_group_size,
                     "teacher_temperature": args.teacher_temperature,
+                    "estimator": args.distill_estimator,
                     "reward_weight": args.distill_reward_weight,
                     "lr": args.distill_lr,
                     "schedule": args.distill_schedule,

@@ -160,6 +160,21 @@ def test_a_teacher_with_another_tokenizer_is_one_line_exit_2(tmp_path, capsys, o
             ["--distill.teacher=http://127.0.0.1:9/v1", "--distill.teacher_temperature=0.5"],
             "needs a teacher in the trainer",
         ),
+        (
+            ["--distill.teacher=http://127.0.0.1:9/v1", "--distill.estimator=full"],
+            "distill.estimator = 'full' needs a teacher in the trainer",
+        ),
+        (["--distill.teacher=tiny", "--distill.estimator=whole"], "distill.estimator"),
+        (
+            [
+                "--distill.teacher=tiny",
+                "--distill.estimator=full",
+                "--trainer.world_size=2",
+                "--trainer.tp=2",
+                "--trainer.loss_parallel=true",
+            ],
+            "without trainer.loss_parallel",
+        ),
     ],
 )
 def test_bad_teachers_are_one_line_exit_2(tmp_path, capsys, args, words):

@@ -371,3 +371,49 @@ def test_trainer_ranks_as_ray_actors_match_one_process(ray_cluster):
             ranks.train_step(_batch(2))
     finally:
         ranks.close()
+
+
+def test_lora_and_dpo_trainer_ranks_as_ray_actors_match_one_process(ray_cluster):
+    """The two research loops that change what a rank trains, over Ray rank actors: a
+    LoRA step trains and hands back the adapters of one process, and a DPO step on pairs
+    gives one process's loss, margins and updated margins."""
+    from tests.trainer.test_lora_distributed import CFG as LORA_CFG
+    from tests.trainer.test_lora_distributed import LORA, TOL, _batch, _gap, _plain
+    from tests.trainer.test_preference_trainer import _margins, _pairs, _trainer, _with_reference
+
+    from temper.config.algo import AlgoConfig
+    from temper.config.dpo import DPOConfig
+    from temper.trainer.distributed import DistributedTrainer
+
+    on_ray = {"world_size": 2, "launcher": "ray", "ray_num_cpus": 1.0}
+    plain = _plain(seed=0)
+    plain_stats = plain.train_step(_batch(1))
+    torch.manual_seed(0)  # the same random A as the plain adapters
+    cfg = LORA_CFG.model_copy(update=on_ray)
+    ranks = DistributedTrainer(load_model("tiny"), "tiny", cfg, AlgoConfig(), 6, 0, lora=LORA)
+    try:
+        assert ranks.abilities.adapter
+        stats = ranks.train_step(_batch(1))
+        update = ranks.engine_state_dict()
+    finally:
+        ranks.close()
+    assert _gap(update, plain.engine_state_dict()) < TOL
+    for key in ("loss", "grad_norm"):
+        assert stats[key] == pytest.approx(plain_stats[key], rel=1e-4, abs=1e-6), key
+
+    dpo = DPOConfig()
+    one = _trainer(load_model("tiny"), dpo, lr=1e-3)
+    pairs = _with_reference(one, _pairs())
+    one_stats = one.train_pairs(pairs)
+    one_after = _margins(one, pairs)
+    cfg = one.cfg.model_copy(update=on_ray)
+    ranks = DistributedTrainer(load_model("tiny"), "tiny", cfg, AlgoConfig(), 5, 0, dpo=dpo)
+    try:
+        ranks_stats = ranks.train_pairs(_with_reference(ranks, _pairs()))
+        ranks_after = _margins(ranks, pairs)
+    finally:
+        ranks.close()
+    for key in ("dpo/loss", "dpo/margin", "grad_norm"):
+        assert ranks_stats[key] == pytest.approx(one_stats[key], rel=1e-4, abs=1e-6), key
+    assert ranks_after == pytest.approx(one_after, rel=1e-4, abs=1e-5)
+    assert sum(one_after) / len(one_after) > 0  # the step widened the margins from 0

@@ -9,6 +9,7 @@ import torch
 
 from fp32 import SAME_MATH
 from temper.algos import token_logprobs
+from temper.algos.distill import full_reverse_kl
 from temper.config.distill import DistillConfig
 from temper.config.schema import AlgoConfig, TrainerConfig
 from temper.models import load_model
@@ -53,8 +54,8 @@ def _trajs(model):
     return out
 
 
-def _trainer(model, teacher, distill=None, **trainer):
-    cfg = TrainerConfig(lr=1e-3, warmup_steps=0, **trainer)
+def _trainer(model, teacher, distill=None, lr=1e-3, **trainer):
+    cfg = TrainerConfig(lr=lr, warmup_steps=0, **trainer)
     algo = AlgoConfig(advantage="distill")
     return PolicyTrainer(
         model, cfg, algo, 5, 0, teacher=teacher, distill=distill or DistillConfig(teacher="x")
@@ -115,3 +116,63 @@ def test_a_step_lowers_the_reverse_kl_to_the_teacher():
     assert after < 0.8 * before, (before, after)
     # The teacher is frozen: its weights never took a step.
     assert torch.equal(teacher.model.norm.weight, 2 * load_model("tiny").model.norm.weight)
+
+
+def _full_kl(student, teacher, trajs, temperature=1.0):
+    """The token-weighted mean over sampled tokens of the exact reverse KL, from plain
+    forwards of both models."""
+    total, count = 0.0, 0
+    for t in trajs:
+        ids = torch.tensor([t.prompt_ids + t.response_ids])
+        with torch.no_grad():
+            s, q = (
+                m(input_ids=ids).logits[0, len(t.prompt_ids) - 1 : -1] for m in (student, teacher)
+            )
+        mask = torch.tensor(t.loss_mask, dtype=torch.float32)
+        total += float((full_reverse_kl(s, q, temperature) * mask).sum())
+        count += int(mask.sum())
+    return total / count
+
+
+@pytest.mark.parametrize("packing", [False, True])
+def test_the_full_estimator_minimises_the_exact_kl_over_sampled_positions(packing):
+    model = load_model("tiny")
+    teacher = _sharp(model)
+    trajs = _trajs(model)
+    distill = DistillConfig(teacher="x", estimator="full", reward_weight=0.2)
+    # A small rate: Adam's first steps at 1e-3 overshoot the exact KL on nine tokens.
+    trainer = _trainer(model, teacher, distill, lr=1e-5, packing=packing)
+    # The teacher's term left the advantages: they carry the reward's share only.
+    adv, _ = trainer._distill_advantages(trajs, [0, 1])
+    for i, t in enumerate(trajs):
+        expected = 0.2 * t.advantage * torch.tensor(t.loss_mask, dtype=torch.float32)
+        torch.testing.assert_close(adv[i], expected, **SAME_MATH)
+    before = _full_kl(model, teacher, trajs)
+    stats = trainer.train_step(trajs)
+    # Taken at the step's starting weights, over the sampled positions only (an
+    # observation counted would change the mean: its KL is not 0).
+    assert stats["distill_full_kl"] == pytest.approx(before, rel=1e-5)
+    assert before > 0.05
+    kls = [before]
+    for _ in range(3):
+        trainer.train_step(trajs)
+        kls.append(_full_kl(model, teacher, trajs))
+    assert kls == sorted(kls, reverse=True) and kls[-1] < 0.6 * before, kls
+
+
+def test_the_full_estimator_of_the_student_itself_is_zero_with_no_gradient():
+    model = load_model("tiny")
+    trajs = _trajs(model)
+    distill = DistillConfig(teacher="x", estimator="full", teacher_temperature=0.5)
+    cooled = _trainer(model, copy.deepcopy(model), distill)
+    sharp = _sharp(model)
+    # Cooling a copy of the student is the doubled-logits teacher.
+    assert cooled.train_step(copy.deepcopy(trajs))["distill_full_kl"] == pytest.approx(
+        _full_kl(load_model("tiny"), sharp, trajs), rel=1e-5
+    )
+    same = _trainer(
+        load_model("tiny"), load_model("tiny"), DistillConfig(teacher="x", estimator="full")
+    )
+    stats = same.train_step(trajs)
+    assert abs(stats["distill_full_kl"]) < 1e-6
+    assert stats["grad_norm"] < 1e-4  # fp32 rounding of two equal log-softmaxes; 0.1+ apart

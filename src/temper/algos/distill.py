@@ -14,6 +14,10 @@ logprob is the engine's, recorded when it sampled the token, so the advantage co
 one teacher forward and no extra student forward. A task reward can be mixed in:
 ``reward_weight`` times the sequence's group advantage joins every sampled token.
 Tokens the policy did not sample (observations) get 0.
+
+`full_reverse_kl` is the other estimator (``distill.estimator = "full"``, GKD's
+token-level form): the KL at each sampled position taken exactly over the vocabulary
+from both models' logits, a loss term rather than an advantage.
 """
 
 from __future__ import annotations
@@ -54,3 +58,26 @@ def reverse_kl_sums(
     m = mask.to(teacher_logprobs.dtype)
     gap = student_logprobs.to(teacher_logprobs.dtype) - teacher_logprobs
     return float((m * gap).sum()), float(m.sum())
+
+
+def full_reverse_kl(
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, teacher_temperature: float = 1.0
+) -> torch.Tensor:
+    """The exact reverse KL at each position, ``sum_v p_s(v) (log p_s(v) - log p_t(v))``
+    over the whole vocabulary (``distill.estimator = "full"``): ``[...]`` from logits
+    ``[..., V]``, differentiable in the student's. The teacher's logits are divided by
+    ``teacher_temperature`` first; both are taken in fp32.
+
+    Its gradient is the expectation of what the sampled estimator above gives on one
+    token, so a step is as long but far less noisy; it costs the teacher's logits over
+    the vocabulary for every trained position, where the sampled estimator needs one
+    logprob per token.
+    """
+    if student_logits.shape != teacher_logits.shape:
+        raise ValueError(
+            f"student logits {tuple(student_logits.shape)} and teacher logits "
+            f"{tuple(teacher_logits.shape)} must match (a teacher with another vocabulary?)"
+        )
+    log_s = torch.log_softmax(student_logits.float(), dim=-1)
+    log_t = torch.log_softmax(teacher_logits.float() / teacher_temperature, dim=-1)
+    return (log_s.exp() * (log_s - log_t)).sum(dim=-1)

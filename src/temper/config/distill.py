@@ -9,7 +9,7 @@ distillation).
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -35,6 +35,14 @@ class DistillConfig(BaseModel):
         1.0,
         gt=0,
         description="Scale of the per-token term log p_teacher - log p_student in the advantage.",
+    )
+    estimator: Literal["sampled", "full"] = Field(
+        "sampled",
+        description="sampled: each sampled token's advantage is coef x (log p_teacher - log "
+        "p_student), one teacher logprob per token. full: the loss adds coef x the exact "
+        "reverse KL at each sampled position, summed over the vocabulary from both models' "
+        "logits (the same gradient in expectation, far less noise; the teacher's logits "
+        "over the vocabulary per trained position). full needs a teacher in the trainer.",
     )
     reward_weight: float = Field(
         0.0,
@@ -91,6 +99,16 @@ def check_distill(cfg: Any) -> None:
             f"distill.teacher_temperature = {cfg.distill.teacher_temperature:g} needs a teacher "
             "in the trainer (a model path): a served teacher returns each sampled token's "
             "logprob at temperature 1 only"
+        )
+    if cfg.distill.estimator == "full" and is_remote_teacher(cfg.distill.teacher):
+        raise ValueError(
+            "distill.estimator = 'full' needs a teacher in the trainer (a model path): a "
+            "served teacher returns the sampled tokens' logprobs, not its logits"
+        )
+    if cfg.distill.estimator == "full" and (cfg.trainer.loss_parallel or cfg.trainer.pp > 1):
+        raise ValueError(
+            "distill.estimator = 'full' compares whole-vocabulary logits on one rank: it "
+            "runs without trainer.loss_parallel and with trainer.pp = 1 (use 'sampled')"
         )
     if cfg.distill.teacher_model and not is_remote_teacher(cfg.distill.teacher):
         raise ValueError(

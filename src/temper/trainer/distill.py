@@ -11,6 +11,11 @@ and the engine's into per-token advantages, which the policy loss then uses as
 full REINFORCE++'s or the critic's are used. The orchestrator left each
 trajectory's group advantage of the task reward in ``advantage`` (0 with
 ``distill.reward_weight = 0``).
+
+With ``distill.estimator = "full"`` the teacher's term leaves the advantages (they
+keep the reward's share only) and joins the loss instead: `_full_kl_term` runs the
+teacher over each micro-batch beside the policy's forward and adds the exact reverse
+KL over the vocabulary at every trained position (`full_reverse_kl`).
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from typing import Any
 
 import torch
 
-from temper.algos.distill import distill_advantages, reverse_kl_sums
+from temper.algos.distill import distill_advantages, full_reverse_kl, reverse_kl_sums
 from temper.errors import TemperError
 from temper.records import Trajectory
 
@@ -45,6 +50,7 @@ class Distillation:
     device: torch.device
     _logprobs_no_grad: Any  # (model, trajs, rows) -> {row: response-token logprobs}
     _reduce_sums: Any  # per-process metric sums, combined
+    _forward_logits: Any  # (model, micro-batch) -> its response positions' logits
 
     def _distill_advantages(
         self, trajs: list[Trajectory], rows: list[int]
@@ -70,7 +76,8 @@ class Distillation:
                 teacher_lp,
                 student_lp,
                 mask,
-                coef=self.distill.coef,
+                # estimator "full": the teacher's term is in the loss (_full_kl_term).
+                coef=self.distill.coef if self.distill.estimator == "sampled" else 0.0,
                 outcome_advantage=t.advantage,
                 reward_weight=self.distill.reward_weight,
             )
@@ -87,3 +94,14 @@ class Distillation:
             "distill_student_logprob": teacher_mean + sums["distill_kl_sum"] / tokens,
         }
         return per_row, stats
+
+    def _full_kl_term(self, mb: Any, logits: torch.Tensor) -> torch.Tensor | None:
+        """``distill.estimator = "full"``: the exact reverse KL at each response position of
+        micro-batch ``mb`` (``[rows, width]``, differentiable in the policy's ``logits``),
+        from one teacher forward over the same rows; None for any other run."""
+        if self.teacher is None or self.distill.estimator != "full":
+            return None
+        with torch.no_grad():
+            teacher_logits = self._forward_logits(self.teacher, mb)
+        kl = full_reverse_kl(logits, teacher_logits, self.distill.teacher_temperature)
+        return mb.to_rows(kl)

@@ -407,6 +407,9 @@ class PolicyTrainer(PreferenceTraining, Distillation, TrainerDefaults):
             kl = kl_estimate(logprobs, ref_lp, kind=self.algo.kl_estimator)
             per_token = per_token + self.algo.kl_coef * kl
             acc["kl"] += float((kl.detach() * mask).sum())
+        if (full_kl := self._full_kl_term(mb, logits)) is not None:  # distill, "full"
+            per_token = per_token + self.distill.coef * full_kl
+            acc["distill_full_kl"] += float((full_kl.detach() * mask).sum())
         if self.algo.entropy_coef > 0:
             ent = mb.to_rows(self._entropy(logits))
             per_token = per_token - self.algo.entropy_coef * ent

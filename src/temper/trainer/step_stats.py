@@ -71,6 +71,8 @@ def rl_step_stats(
             stats[key] = (acc[key], 1.0)
     if kl_logged:
         stats["kl"] = (acc["kl"] / w, w)
+    if "distill_full_kl" in acc:  # distill.estimator = "full": the exact KL it minimised
+        stats["distill_full_kl"] = (acc["distill_full_kl"] / w, w)
     stats["train_tokens"] = (total_tokens, 1.0)
     return stats
 
