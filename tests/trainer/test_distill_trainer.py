@@ -176,3 +176,18 @@ def test_the_full_estimator_of_the_student_itself_is_zero_with_no_gradient():
     stats = same.train_step(trajs)
     assert abs(stats["distill_full_kl"]) < 1e-6
     assert stats["grad_norm"] < 1e-4  # fp32 rounding of two equal log-softmaxes; 0.1+ apart
+
+
+def test_the_full_estimator_leaves_out_the_columns_only_a_padded_teacher_has():
+    model = load_model("tiny")
+    trajs = _trajs(model)
+    teacher = _sharp(model)
+    padded = copy.deepcopy(teacher)
+    padded.resize_token_embeddings(model.config.vocab_size + 5)
+    with torch.no_grad():  # five ids no student token has, each very likely to the teacher
+        padded.lm_head.weight[-5:] = 3 * padded.lm_head.weight[:5]
+    distill = DistillConfig(teacher="x", estimator="full")
+    stats = _trainer(model, padded, distill).train_step(trajs)
+    assert stats["distill_full_kl"] == pytest.approx(
+        _full_kl(load_model("tiny"), teacher, trajs), rel=1e-5
+    )

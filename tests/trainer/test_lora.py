@@ -218,9 +218,17 @@ def _steps(run) -> dict[int, dict]:
     }
 
 
-def test_a_lora_run_resumes_exactly_and_exports(tmp_path):
-    full = _steps(train(tmp_path, "full", *RUN, "--orchestrator.steps=3"))
+def test_a_lora_run_resumes_exactly_and_exports(tmp_path, capsys):
+    full = _steps(train(tmp_path, "full", *RUN, "--orchestrator.steps=3", "--log.progress=true"))
+    said = capsys.readouterr()
     train(tmp_path, "cut", *RUN, "--orchestrator.steps=2", "--checkpoint.at_end=true")
+    saved = load_file(
+        str(tmp_path / "cut" / "checkpoints" / "step_2" / "adapter_model.safetensors")
+    )
+    n = sum(t.numel() for t in saved.values())
+    # The console says the run trains adapters: how many weights, and at which rate.
+    assert f"lora: rank 2, {n:,} adapter weights train (" in said.out + said.err
+    assert "lr 0.005 (trainer.lr x lora.lr_multiplier 10)" in said.out + said.err
     again = _steps(train(tmp_path, "cut", *RUN, "--orchestrator.steps=3", "--run.resume=true"))
     assert sorted(again) == [1, 2, 3]
     assert again[3].keys() == full[3].keys()

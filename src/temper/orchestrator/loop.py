@@ -307,6 +307,8 @@ class Orchestrator:
             every_s=cfg.log.progress_every_s,
         ) as progress:
             self.guard.start(self.start_step, self.run_dir, progress)
+            if self.trainer.abilities.adapter:  # else only the checkpoint files would say so
+                progress.log(_lora_line(cfg, self.policy))
             if cfg.eval.at_start and self.start_step == 0:
                 last_eval = await self._first_eval(progress)
             step = self.start_step
@@ -469,6 +471,17 @@ class Orchestrator:
         self.events.close()
         await self.backend.close()
         self.trainer.close()  # stops FSDP ranks, if any
+
+
+def _lora_line(cfg: Config, policy: torch.nn.Module) -> str:
+    """The console line that says a run trains ``[lora]``'s adapters, how many and how fast."""
+    adapter = sum(p.numel() for name, p in policy.named_parameters() if "lora_" in name)
+    total = sum(p.numel() for p in policy.parameters())
+    lr = cfg.trainer.lr * cfg.lora.lr_multiplier
+    return (
+        f"lora: rank {cfg.lora.rank}, {adapter:,} adapter weights train ({adapter / total:.2%} "
+        f"of {total:,}), lr {lr:g} (trainer.lr x lora.lr_multiplier {cfg.lora.lr_multiplier:g})"
+    )
 
 
 def _eval_line(step: int, result: dict[str, Any]) -> str:

@@ -103,5 +103,11 @@ class Distillation:
             return None
         with torch.no_grad():
             teacher_logits = self._forward_logits(self.teacher, mb)
-        kl = full_reverse_kl(logits, teacher_logits, self.distill.teacher_temperature)
+        # A teacher may have more output columns than the student (a padded or extended
+        # vocabulary; the builder checked that the student's ids mean the same to it):
+        # the KL is over the ids both heads have, each distribution renormalised there.
+        width = min(logits.shape[-1], teacher_logits.shape[-1])
+        kl = full_reverse_kl(
+            logits[..., :width], teacher_logits[..., :width], self.distill.teacher_temperature
+        )
         return mb.to_rows(kl)
